@@ -1,0 +1,338 @@
+//! The backtrace codec: a 2^14-entry two-way skewed-associative cache of location codes with
+//! one prediction per entry. Reader and writer mirror the reference's decisions exactly.
+
+use crate::buf::{ocaml_int, Cursor, WriteBuf};
+use crate::error::Malformed;
+use crate::event::LocationCode;
+use crate::packet::CacheVerifier;
+
+pub const CACHE_SIZE: usize = 1 << 14;
+const MASK: u64 = CACHE_SIZE as u64 - 1;
+/// The reference writer's per-backtrace encoding budget in bytes.
+pub const MAX_LENGTH: usize = 4096;
+/// Largest encoding of one frame (codeword + 64-bit code).
+pub const MAX_ENTRY: usize = 2 + 8;
+/// A decoded backtrace longer than this is refused (no real stack comes close).
+pub const MAX_FRAMES: usize = 1 << 22;
+
+/// The two candidate buckets of a code, from OCaml's 63-bit arithmetic (only low bits matter).
+#[inline]
+pub fn buckets(code: LocationCode) -> (usize, usize) {
+    let s = code.0;
+    let h1 = (s.wrapping_mul(0x4983723) >> 11) & MASK;
+    let h2 = (s.wrapping_mul(0xfdea731) >> 21) & MASK;
+    (h1 as usize, h2 as usize)
+}
+
+/// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
+#[derive(Clone)]
+pub struct CacheReader {
+    loc: Box<[u64]>,
+    pred: Box<[u16]>,
+    /// The last decoded backtrace, caller-first.
+    last: Vec<LocationCode>,
+    scratch: Vec<LocationCode>,
+}
+
+impl Default for CacheReader {
+    fn default() -> Self {
+        CacheReader {
+            loc: vec![0; CACHE_SIZE].into_boxed_slice(),
+            pred: vec![0; CACHE_SIZE].into_boxed_slice(),
+            last: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl CacheReader {
+    /// The backtrace decoded last (caller-first).
+    #[inline]
+    pub fn backtrace(&self) -> &[LocationCode] {
+        &self.last
+    }
+
+    /// Decode `nencoded` codewords after `common_prefix` frames of the previous backtrace.
+    /// When the prefix exceeds the previous (truncated) backtrace, the reference keeps the
+    /// previous backtrace as it was, still updating the cache; so do we.
+    pub fn decode(&mut self, c: &mut Cursor<'_>, nencoded: usize, common_prefix: u64) -> Result<(), Malformed> {
+        if common_prefix <= self.last.len() as u64 {
+            self.last.truncate(common_prefix as usize);
+            let mut out = std::mem::take(&mut self.last);
+            let r = self.decode_into(c, nencoded, &mut out);
+            self.last = out;
+            r
+        } else {
+            let mut out = std::mem::take(&mut self.scratch);
+            out.clear();
+            let r = self.decode_into(c, nencoded, &mut out);
+            self.scratch = out;
+            r
+        }
+    }
+
+    #[inline]
+    fn decode_into(&mut self, c: &mut Cursor<'_>, nencoded: usize, out: &mut Vec<LocationCode>) -> Result<(), Malformed> {
+        let mut pred = 0usize;
+        for _ in 0..nencoded {
+            let cw = c.u16()?;
+            let bucket = (cw >> 2) as usize;
+            let tag = cw & 3;
+            self.pred[pred] = bucket as u16;
+            if tag == 3 {
+                let lit = ocaml_int(c.u64()?) as u64;
+                self.loc[bucket] = lit;
+                out.push(LocationCode(lit));
+                pred = bucket;
+            } else {
+                let n = match tag {
+                    0 => 0,
+                    1 => 1,
+                    _ => c.u8()? as usize,
+                };
+                out.push(LocationCode(self.loc[bucket]));
+                let mut p = bucket;
+                for _ in 0..n {
+                    p = self.pred[p] as usize;
+                    out.push(LocationCode(self.loc[p]));
+                }
+                pred = p;
+            }
+            if out.len() > MAX_FRAMES {
+                return Err(Malformed::BadValue { field: "backtrace length", value: out.len() as i64 });
+            }
+        }
+        Ok(())
+    }
+
+    /// Skip a backtrace without decoding it (cache left untouched, as the reference's skip).
+    pub fn skip(c: &mut Cursor<'_>, nencoded: usize) -> Result<(), Malformed> {
+        for _ in 0..nencoded {
+            match c.u16()? & 3 {
+                2 => {
+                    c.u8()?;
+                }
+                3 => {
+                    c.u64()?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Does a packet header's verifier agree with this cache?
+    pub fn verify(&self, v: &CacheVerifier) -> bool {
+        if v.index == crate::packet::NO_VERIFIER {
+            return true;
+        }
+        let i = v.index as usize;
+        i < CACHE_SIZE && self.pred[i] == v.prediction && self.loc[i] == ocaml_int(v.value) as u64
+    }
+}
+
+/// Encoder state of one stream: cache, the alloc id at each entry's last use, predictions.
+#[derive(Clone)]
+pub struct CacheWriter {
+    cache: Box<[u64]>,
+    date: Box<[i64]>,
+    next: Box<[u16]>,
+    next_verify: u16,
+}
+
+impl Default for CacheWriter {
+    fn default() -> Self {
+        CacheWriter {
+            cache: vec![0; CACHE_SIZE].into_boxed_slice(),
+            date: vec![0; CACHE_SIZE].into_boxed_slice(),
+            next: vec![0; CACHE_SIZE].into_boxed_slice(),
+            next_verify: 4242,
+        }
+    }
+}
+
+impl CacheWriter {
+    /// The verifier for the next packet header (index steps by 5413 mod 2^14 from 4242).
+    pub fn next_verifier(&mut self) -> CacheVerifier {
+        let ix = self.next_verify;
+        self.next_verify = ((ix as usize + 5413) & (CACHE_SIZE - 1)) as u16;
+        CacheVerifier { index: ix, prediction: self.next[ix as usize], value: self.cache[ix as usize] }
+    }
+
+    #[inline]
+    fn put_hit(b: &mut WriteBuf, bucket: usize, ncorrect: usize) {
+        match ncorrect {
+            0 => b.u16((bucket << 2) as u16),
+            1 => b.u16(((bucket << 2) | 1) as u16),
+            n => {
+                b.u16(((bucket << 2) | 2) as u16);
+                b.u8(n as u8)
+            }
+        }
+    }
+
+    /// Encode `frames` (the new frames, caller-first) while the buffer stays within `limit`
+    /// bytes (the reference passes its position + 4096 - 10). Calls `on_miss(i)` for every
+    /// frame that misses the cache (its locations must be logged). Returns (codewords
+    /// written, frames encoded): fewer frames than given means the backtrace was truncated.
+    pub fn encode(
+        &mut self,
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        frames: &[LocationCode],
+        limit: usize,
+        mut on_miss: impl FnMut(usize),
+    ) -> (usize, usize) {
+        let n = frames.len();
+        let mut pos = 0usize;
+        let mut ncodes = 0usize;
+        let mut predictor = 0usize;
+        // code_no_prediction
+        'outer: loop {
+            if pos >= n || b.len() > limit {
+                return (ncodes, pos);
+            }
+            let slot = frames[pos].0;
+            let (h1, h2) = buckets(frames[pos]);
+            let hit = if self.cache[h1] == slot {
+                h1
+            } else if self.cache[h2] == slot {
+                h2
+            } else {
+                on_miss(pos);
+                let bucket = if self.date[h1] < self.date[h2] { h1 } else { h2 };
+                self.cache[bucket] = slot;
+                self.date[bucket] = alloc_id;
+                self.next[predictor] = bucket as u16;
+                b.u16(((bucket << 2) | 3) as u16);
+                b.u64(slot);
+                predictor = bucket;
+                pos += 1;
+                ncodes += 1;
+                continue;
+            };
+            // code_cache_hit / code_with_prediction
+            let mut hit = hit;
+            loop {
+                self.date[hit] = alloc_id;
+                self.next[predictor] = hit as u16;
+                let orig = hit;
+                predictor = hit;
+                let mut ncorrect = 0usize;
+                pos += 1;
+                ncodes += 1;
+                loop {
+                    if pos >= n || b.len() + 2 > limit {
+                        Self::put_hit(b, orig, ncorrect);
+                        return (ncodes, pos);
+                    }
+                    let slot = frames[pos].0;
+                    let pb = self.next[predictor] as usize;
+                    if self.cache[pb] == slot {
+                        if ncorrect == 255 {
+                            Self::put_hit(b, orig, ncorrect);
+                            hit = pb;
+                            break; // code_cache_hit predictor pb
+                        }
+                        predictor = pb;
+                        ncorrect += 1;
+                        pos += 1;
+                    } else {
+                        Self::put_hit(b, orig, ncorrect);
+                        continue 'outer;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codes(v: &[u64]) -> Vec<LocationCode> {
+        v.iter().map(|&x| LocationCode(x)).collect()
+    }
+
+    /// Encode a sequence of backtraces (each fully new), decode them back.
+    fn round_trip(bts: &[Vec<LocationCode>]) {
+        let mut w = CacheWriter::default();
+        let mut r = CacheReader::default();
+        for (id, bt) in bts.iter().enumerate() {
+            let mut b = WriteBuf::default();
+            let mut misses = 0;
+            let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, |_| misses += 1);
+            assert_eq!(done, bt.len());
+            let mut c = Cursor::new(&b.bytes);
+            r.decode(&mut c, n, 0).unwrap();
+            assert_eq!(c.remaining(), 0);
+            assert_eq!(r.backtrace(), &bt[..]);
+            let v = w.next_verifier();
+            assert!(r.verify(&v));
+        }
+    }
+
+    #[test]
+    fn hits_predictions_and_misses() {
+        let a = codes(&[10, 20, 30, 40, 50]);
+        let b = codes(&[10, 20, 30, 41, 50]);
+        let deep: Vec<LocationCode> = (0..1000).map(|i| LocationCode(7 + (i % 2))).collect();
+        round_trip(&[a.clone(), a.clone(), b, a, deep.clone(), deep]);
+    }
+
+    #[test]
+    fn long_runs_of_predictions_overflow_255() {
+        let bt: Vec<LocationCode> = (0..600).map(|i| LocationCode(1000 + i)).collect();
+        round_trip(&[bt.clone(), bt.clone(), bt]);
+    }
+
+    #[test]
+    fn eviction_with_more_than_cache_size_codes() {
+        let bts: Vec<Vec<LocationCode>> =
+            (0..40).map(|k| (0..1000).map(|i| LocationCode(k * 1000 + i + 1)).collect()).collect();
+        let mut again = bts.clone();
+        again.extend(bts);
+        round_trip(&again);
+    }
+
+    #[test]
+    fn budget_truncates_the_deep_end() {
+        let mut w = CacheWriter::default();
+        let bt: Vec<LocationCode> = (0..1000).map(|i| LocationCode(i * 977 + 3)).collect();
+        let mut b = WriteBuf::default();
+        let (n, done) = w.encode(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, |_| {});
+        assert!(done < bt.len());
+        assert!(b.len() <= MAX_LENGTH);
+        let mut r = CacheReader::default();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        assert_eq!(r.backtrace(), &bt[..done]);
+    }
+
+    #[test]
+    fn prefix_longer_than_previous_keeps_previous() {
+        let mut w = CacheWriter::default();
+        let mut r = CacheReader::default();
+        let mut b = WriteBuf::default();
+        let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, |_| {});
+        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        let mut b = WriteBuf::default();
+        let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, |_| {});
+        r.decode(&mut Cursor::new(&b.bytes), n, 10).unwrap();
+        assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
+        // the cache still learned code 9
+        let mut b = WriteBuf::default();
+        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, |_| panic!("9 must hit"));
+        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        assert_eq!(r.backtrace(), &codes(&[9])[..]);
+    }
+
+    #[test]
+    fn bucket_hashes_match_ocaml() {
+        // ((code * 0x4983723) lsr 11) land 0x3fff, computed by hand for code = 0x5555_0000_1234
+        let code = 0x5555_0000_1234u64;
+        let p1 = code.wrapping_mul(0x4983723) & ((1 << 63) - 1);
+        let p2 = code.wrapping_mul(0xfdea731) & ((1 << 63) - 1);
+        assert_eq!(buckets(LocationCode(code)), (((p1 >> 11) & 0x3fff) as usize, ((p2 >> 21) & 0x3fff) as usize));
+    }
+}

@@ -1,0 +1,176 @@
+//! The library's one error type: every variant says where (file, byte offset, packet) and what.
+//! Readers, writers and the merge all return `Result<T, Error>`; nothing here panics.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Where in an input a problem was found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// The file (or a name given by the caller for in-memory input).
+    pub file: String,
+    /// Byte offset from the start of the file.
+    pub offset: u64,
+    /// Index of the packet (0 = the trace-info packet), when known.
+    pub packet: Option<u64>,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: byte {}", self.file, self.offset)?;
+        if let Some(p) = self.packet {
+            write!(f, " (packet {p})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What went wrong in a trace that does not follow the format.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Malformed {
+    /// The file ends where more bytes were needed (e.g. inside a header).
+    Truncated { needed: u64, available: u64 },
+    /// A packet header does not start with 0xc1fc1fc1.
+    BadMagic(u32),
+    /// A format version this reader does not know.
+    UnsupportedVersion(u16),
+    /// Declared packet size (in bits) that cannot hold the header.
+    BadPacketSize(u32),
+    /// timestamp_begin > timestamp_end in a packet header.
+    PacketTimesReversed { begin: u64, end: u64 },
+    /// alloc_id_begin > alloc_id_end in a packet header.
+    PacketIdsReversed { begin: u64, end: u64 },
+    /// The first packet is not a lone trace_info event.
+    BadInfoPacket(&'static str),
+    /// An event code that is not 0-4 or 101-116.
+    UnknownEventCode(u32),
+    /// An event time outside [timestamp_begin, timestamp_end] of its packet.
+    TimeOutOfPacket { time: u64, begin: u64, end: u64 },
+    /// An event earlier than the previous one (of the same domain in format 3).
+    NonMonotoneTime { time: u64, previous: u64 },
+    /// A second trace_info event.
+    MultipleTraceInfo,
+    /// An allocation source byte other than 0, 1, 2.
+    BadAllocSource(u8),
+    /// A negative or absurd value in a field.
+    BadValue { field: &'static str, value: i64 },
+    /// Promote/collect of an object id that was not allocated yet.
+    BadObjectId { event: &'static str, id: i64, next: u64 },
+    /// The packet's alloc_id_end disagrees with the allocations it holds.
+    AllocIdSync { header_end: u64, counted: u64 },
+    /// The packet header's backtrace-cache verifier does not match the cache.
+    CacheVerification { index: u16 },
+    /// A move-to-front code names an empty slot.
+    MtfEmptySlot { table: &'static str, index: u8 },
+    /// A string runs past the end of its packet (no NUL).
+    UnterminatedString,
+    /// A location code given two different location lists.
+    InconsistentLocation { code: u64 },
+    /// A backtrace names a location code never defined by a location event.
+    UndefinedLocation { code: u64 },
+    /// A backtrace-cache codeword names a bucket past the cache.
+    BadCacheBucket(u32),
+    /// Bytes left over in the trace-info packet or an event ran past its packet.
+    EventOverrun,
+    /// Object lifecycle violated (check only): promote/collect of a dead or unknown object.
+    Lifecycle { event: &'static str, id: u64, why: &'static str },
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Malformed::*;
+        match self {
+            Truncated { needed, available } => {
+                write!(f, "truncated: needed {needed} bytes, only {available} left")
+            }
+            BadMagic(m) => write!(f, "not a CTF packet (magic {m:#010x}, expected 0xc1fc1fc1)"),
+            UnsupportedVersion(v) => {
+                write!(f, "trace format v{v:03}, but this reader knows v001 to v003")
+            }
+            BadPacketSize(s) => write!(f, "bad packet size {s} bits"),
+            PacketTimesReversed { begin, end } => {
+                write!(f, "packet timestamp_begin {begin} > timestamp_end {end}")
+            }
+            PacketIdsReversed { begin, end } => {
+                write!(f, "packet alloc_id_begin {begin} > alloc_id_end {end}")
+            }
+            BadInfoPacket(why) => write!(f, "bad trace-info packet: {why}"),
+            UnknownEventCode(c) => write!(f, "unknown event code {c}"),
+            TimeOutOfPacket { time, begin, end } => {
+                write!(f, "event time {time} outside its packet [{begin}, {end}]")
+            }
+            NonMonotoneTime { time, previous } => {
+                write!(f, "event time {time} is before the previous event's {previous}")
+            }
+            MultipleTraceInfo => write!(f, "multiple trace-info events present"),
+            BadAllocSource(s) => write!(f, "bad allocation source {s}"),
+            BadValue { field, value } => write!(f, "bad {field} {value}"),
+            BadObjectId { event, id, next } => {
+                write!(f, "{event} of object id {id}, but only {next} allocated")
+            }
+            AllocIdSync { header_end, counted } => write!(
+                f,
+                "alloc id sync: packet says alloc_id_end {header_end}, events reach {counted}"
+            ),
+            CacheVerification { index } => {
+                write!(f, "backtrace cache verification failed at index {index}")
+            }
+            MtfEmptySlot { table, index } => {
+                write!(f, "{table} move-to-front code {index} names an empty slot")
+            }
+            UnterminatedString => write!(f, "string not NUL-terminated within its packet"),
+            InconsistentLocation { code } => {
+                write!(f, "location code {code:#x} given different locations")
+            }
+            UndefinedLocation { code } => write!(f, "location code {code:#x} used but never defined"),
+            BadCacheBucket(b) => write!(f, "backtrace cache bucket {b} out of range"),
+            EventOverrun => write!(f, "event runs past the end of its packet"),
+            Lifecycle { event, id, why } => write!(f, "{event} of object {id}: {why}"),
+        }
+    }
+}
+
+/// The library's error.
+#[derive(Debug)]
+pub enum Error {
+    /// The input does not follow the memtrace format.
+    Malformed { at: Position, what: Malformed },
+    /// An I/O error on a named file.
+    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    /// The caller asked for something impossible (bad option, output = input, ...).
+    Usage(String),
+    /// A writer was given events it cannot encode (out-of-order time, unknown id, ...).
+    Write(String),
+    /// Inputs that cannot be merged together (word size, sampling rate policy, ...).
+    Incompatible(String),
+}
+
+impl Error {
+    pub fn malformed(file: &str, offset: u64, packet: Option<u64>, what: Malformed) -> Error {
+        Error::Malformed { at: Position { file: file.to_string(), offset, packet }, what }
+    }
+    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Error {
+        Error::Io { path: path.into(), op, source }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Malformed { at, what } => write!(f, "{at}: {what}"),
+            Error::Io { path, op, source } => write!(f, "{}: {op}: {source}", path.display()),
+            Error::Usage(s) | Error::Write(s) | Error::Incompatible(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

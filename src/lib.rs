@@ -1,0 +1,21 @@
+//! memtrace-merge: read, write, check and merge memtrace traces (`.ctf`) of OCaml programs.
+//!
+//! Modules mirror the format: [`buf`] (primitives), [`packet`] (headers), [`location`] (MTF
+//! codec), [`backtrace`] (cache codec), [`event`], [`info`], [`reader`], [`writer`]; then the
+//! tools built on them.
+
+pub mod backtrace;
+pub mod buf;
+pub mod error;
+pub mod event;
+pub mod info;
+pub mod location;
+pub mod packet;
+pub mod merge;
+pub mod reader;
+
+pub use error::{Error, Malformed, Position, Result};
+pub use event::{Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp};
+pub use info::TraceInfo;
+pub use location::{Location, LocationList, LocationTable};
+pub use reader::{ReadStats, Reader, Warning};

@@ -1,0 +1,578 @@
+//! A streaming trace reader for formats 1-3: packets are read one at a time into a reused
+//! buffer, and each event's backtrace is lent as a slice borrowed until the next event.
+
+use crate::backtrace::CacheReader;
+use crate::buf::Cursor;
+use crate::error::{Error, Malformed, Position, Result};
+use crate::event::{decode_header, Alloc, AllocSource, DomainId, Event, EventCode, ObjId, Timestamp};
+use crate::info::TraceInfo;
+use crate::location::{IntMap, LocationCodec, LocationList, LocationTable};
+use crate::packet::{header_size, PacketHeader};
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::Path;
+
+/// Something the reader skipped or tolerated, with where it happened.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Warning {
+    pub at: Position,
+    pub what: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.what)
+    }
+}
+
+/// Counts kept while reading.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Packets after the info packet that were read (processed or skipped).
+    pub packets: u64,
+    pub skipped_packets: u64,
+    pub location_events: u64,
+    pub allocs: u64,
+    pub promotes: u64,
+    pub collects: u64,
+    /// Bytes consumed from the input.
+    pub bytes: u64,
+}
+
+/// Per-domain decoder state (format 3 keeps one per domain; older formats have domain 0).
+#[derive(Default)]
+struct DomainState {
+    codec: LocationCodec,
+    cache: CacheReader,
+    last_time: u64,
+}
+
+const MAX_KEPT_WARNINGS: usize = 1000;
+
+/// Reads one trace.
+pub struct Reader<R> {
+    src: R,
+    name: String,
+    info: TraceInfo,
+    buf: Vec<u8>,
+    /// Valid bytes are buf[start..end]; `start` is at file offset `base`.
+    start: usize,
+    end: usize,
+    base: u64,
+    eof: bool,
+    /// Current packet: content is buf[pkt_start..pkt_end], read up to `pkt_pos`.
+    pkt_start: usize,
+    pkt_pos: usize,
+    pkt_end: usize,
+    header: PacketHeader,
+    packet_index: u64,
+    domains: Vec<DomainState>,
+    domain_index: IntMap<u16, usize>,
+    cur: usize,
+    /// Next allocation id (v1/v2: of the trace; v3: of the current packet).
+    alloc_id: u64,
+    /// Last event time of the whole trace (formats 1-2 check it globally).
+    last_time: u64,
+    locations: LocationTable,
+    parse_backtraces: bool,
+    in_packet: bool,
+    done: bool,
+    warnings: Vec<Warning>,
+    warnings_dropped: u64,
+    stats: ReadStats,
+}
+
+impl Reader<File> {
+    /// Open a trace file and read its info packet.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        Reader::new(f, &path.display().to_string())
+    }
+}
+
+impl<R: Read> Reader<R> {
+    /// Read the info packet of a trace from `src`; `name` is used in messages.
+    pub fn new(src: R, name: &str) -> Result<Self> {
+        let mut r = Reader {
+            src,
+            name: name.to_string(),
+            info: TraceInfo {
+                sample_rate: 0.0,
+                word_size: 0,
+                executable_name: vec![],
+                host_name: vec![],
+                ocaml_runtime_params: vec![],
+                pid: 0,
+                start_time: Timestamp(0),
+                context: None,
+                initial_domain: DomainId(0),
+                version: 0,
+            },
+            buf: vec![0; 1 << 16],
+            start: 0,
+            end: 0,
+            base: 0,
+            eof: false,
+            pkt_start: 0,
+            pkt_pos: 0,
+            pkt_end: 0,
+            header: PacketHeader::default(),
+            packet_index: 0,
+            domains: Vec::new(),
+            domain_index: IntMap::default(),
+            cur: 0,
+            alloc_id: 0,
+            last_time: 0,
+            locations: LocationTable::default(),
+            parse_backtraces: true,
+            in_packet: false,
+            done: false,
+            warnings: Vec::new(),
+            warnings_dropped: 0,
+            stats: ReadStats::default(),
+        };
+        r.read_info()?;
+        Ok(r)
+    }
+
+    /// Skip backtrace decoding (faster; events then carry empty backtraces and the
+    /// per-packet cache verifier is not checked).
+    pub fn set_parse_backtraces(&mut self, yes: bool) {
+        self.parse_backtraces = yes;
+    }
+
+    pub fn info(&self) -> &TraceInfo {
+        &self.info
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Locations of every code defined so far.
+    pub fn locations(&self) -> &LocationTable {
+        &self.locations
+    }
+    pub fn lookup(&self, code: crate::event::LocationCode) -> Option<&LocationList> {
+        self.locations.get(&code)
+    }
+    pub fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+    /// Warnings so far (at most 1000 kept; see [`Reader::warnings_dropped`]).
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
+    pub fn warnings_dropped(&self) -> u64 {
+        self.warnings_dropped
+    }
+    /// Take the warnings gathered so far.
+    pub fn take_warnings(&mut self) -> Vec<Warning> {
+        std::mem::take(&mut self.warnings)
+    }
+    /// Number of domains seen so far.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    fn pos_at(&self, off_in_buf: usize) -> Position {
+        Position {
+            file: self.name.clone(),
+            offset: self.base + (off_in_buf - self.start) as u64,
+            packet: Some(self.packet_index),
+        }
+    }
+
+    fn err_at(&self, off_in_buf: usize, what: Malformed) -> Error {
+        Error::Malformed { at: self.pos_at(off_in_buf), what }
+    }
+
+    fn warn(&mut self, off_in_buf: usize, what: String) {
+        if self.warnings.len() < MAX_KEPT_WARNINGS {
+            let at = self.pos_at(off_in_buf);
+            self.warnings.push(Warning { at, what });
+        } else {
+            self.warnings_dropped += 1;
+        }
+    }
+
+    /// Make at least `n` bytes available from `start`, unless the input ends first.
+    /// Returns how many are available (≤ n only at end of input). Grows the buffer only as
+    /// data actually arrives, so a bogus declared size cannot make it allocate.
+    fn fill(&mut self, n: usize) -> Result<usize> {
+        while self.end - self.start < n && !self.eof {
+            if self.start > 0 && (self.end == self.buf.len() || self.start > self.buf.len() / 2) {
+                self.buf.copy_within(self.start..self.end, 0);
+                // The current packet (if any) is behind us by now; keep offsets right.
+                self.end -= self.start;
+                self.base += self.start as u64;
+                self.pkt_start = self.pkt_start.saturating_sub(self.start);
+                self.pkt_pos = self.pkt_pos.saturating_sub(self.start);
+                self.pkt_end = self.pkt_end.saturating_sub(self.start);
+                self.start = 0;
+            }
+            if self.end == self.buf.len() {
+                let want = (self.buf.len() * 2).min(self.start + n.max(1 << 16));
+                self.buf.resize(want.max(self.buf.len() + 1), 0);
+            }
+            match self.src.read(&mut self.buf[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.name, "read", e)),
+            }
+        }
+        Ok((self.end - self.start).min(n))
+    }
+
+    /// Read a packet header at `start`. Ok(None) at a clean end of input.
+    /// A header cut by the end of input ends the trace with a warning.
+    fn read_header(&mut self) -> Result<Option<PacketHeader>> {
+        let avail = self.fill(68)?;
+        if avail == 0 {
+            return Ok(None);
+        }
+        let mut c = Cursor::new(&self.buf[self.start..self.start + avail]);
+        match PacketHeader::parse(&mut c) {
+            Ok(h) => Ok(Some(h)),
+            Err(Malformed::Truncated { .. }) if avail < 68 => {
+                if self.packet_index == 0 {
+                    return Err(self.err_at(
+                        self.start,
+                        Malformed::Truncated { needed: 66, available: avail as u64 },
+                    ));
+                }
+                self.warn(self.start, format!("file ends inside a packet header ({avail} bytes); trace ends here"));
+                self.stats.skipped_packets += 1;
+                self.stats.bytes += avail as u64;
+                self.start += avail;
+                Ok(None)
+            }
+            Err(e) => Err(self.err_at(self.start, e)),
+        }
+    }
+
+    fn read_info(&mut self) -> Result<()> {
+        let h = match self.read_header()? {
+            Some(h) => h,
+            None => return Err(self.err_at(self.start, Malformed::BadInfoPacket("empty file"))),
+        };
+        let size = h.size as usize;
+        let avail = self.fill(size)?;
+        if avail < size {
+            return Err(self.err_at(
+                self.start,
+                Malformed::Truncated { needed: size as u64, available: avail as u64 },
+            ));
+        }
+        let hs = header_size(h.version);
+        let content = &self.buf[self.start + hs..self.start + size];
+        let mut c = Cursor::new(content);
+        let word = c.u32().map_err(|e| self.err_at(self.start + hs, e))?;
+        let (code, time) = decode_header(word, h.time_begin, h.time_end).map_err(|e| self.err_at(self.start + hs, e))?;
+        if code != EventCode::TraceInfo {
+            return Err(self.err_at(self.start + hs, Malformed::BadInfoPacket("first event is not trace_info")));
+        }
+        if time.0 != h.time_begin {
+            return Err(self.err_at(self.start + hs, Malformed::BadInfoPacket("trace_info time is not the packet's")));
+        }
+        let info = TraceInfo::decode(&mut c, time, h.version, h.domain)
+            .map_err(|e| self.err_at(self.start + hs + c.pos(), e))?;
+        if c.remaining() != 0 {
+            return Err(self.err_at(self.start + hs + c.pos(), Malformed::BadInfoPacket("bytes after trace_info")));
+        }
+        self.info = info;
+        self.last_time = self.info.start_time.0;
+        self.start += size;
+        self.stats.bytes += size as u64;
+        self.packet_index = 1;
+        self.pkt_start = self.start;
+        self.pkt_pos = self.start;
+        self.pkt_end = self.start;
+        Ok(())
+    }
+
+    fn domain_slot(&mut self, d: u16) -> usize {
+        if let Some(&i) = self.domain_index.get(&d) {
+            return i;
+        }
+        let i = self.domains.len();
+        self.domains.push(DomainState { last_time: self.info.start_time.0, ..Default::default() });
+        self.domain_index.insert(d, i);
+        i
+    }
+
+    /// Move to the next packet with events to read. Ok(false) at the end of the trace.
+    fn next_packet(&mut self) -> Result<bool> {
+        loop {
+            let h = match self.read_header()? {
+                Some(h) => h,
+                None => return Ok(false),
+            };
+            self.stats.packets += 1;
+            let size = h.size as usize;
+            let avail = self.fill(size)?;
+            let hstart = self.start;
+            if avail < size {
+                self.warn(
+                    hstart,
+                    format!("skipping truncated packet (declares {size} bytes, file has {avail}); trace ends here"),
+                );
+                self.stats.skipped_packets += 1;
+                self.stats.bytes += avail as u64;
+                self.start += avail;
+                self.pkt_start = self.start;
+                self.pkt_pos = self.start;
+                self.pkt_end = self.start;
+                self.packet_index += 1;
+                return Ok(false);
+            }
+            let hs = header_size(h.version);
+            self.stats.bytes += size as u64;
+            self.pkt_start = self.start + hs;
+            self.pkt_pos = self.pkt_start;
+            self.pkt_end = self.start + size;
+            self.header = h;
+            let v3 = h.version >= 3;
+            let skip = if h.pid != self.info.pid {
+                Some(format!("skipping bad packet (wrong pid: {}, but tracing {})", h.pid, self.info.pid))
+            } else if !v3 && (self.last_time > h.time_begin || self.alloc_id != h.alloc_id_begin) {
+                Some(format!(
+                    "skipping bad packet at id {} {}-{} (does not continue the alloc-id or time sequence)",
+                    self.alloc_id, h.alloc_id_begin, h.alloc_id_end
+                ))
+            } else if v3 && {
+                let d = self.domain_slot(h.domain);
+                self.domains[d].last_time > h.time_begin
+            } {
+                Some(format!(
+                    "skipping bad packet of domain {} starting at {} (before that domain's last event)",
+                    h.domain, h.time_begin
+                ))
+            } else {
+                None
+            };
+            if let Some(msg) = skip {
+                self.warn(hstart, msg);
+                self.stats.skipped_packets += 1;
+                self.start = self.pkt_end;
+                self.packet_index += 1;
+                continue;
+            }
+            self.cur = self.domain_slot(h.domain);
+            if v3 {
+                self.alloc_id = h.alloc_id_begin;
+            }
+            if self.parse_backtraces && !self.domains[self.cur].cache.verify(&h.verifier) {
+                return Err(self.err_at(hstart, Malformed::CacheVerification { index: h.verifier.index }));
+            }
+            return Ok(true);
+        }
+    }
+
+    fn finish_packet(&mut self) -> Result<()> {
+        self.in_packet = false;
+        if self.alloc_id != self.header.alloc_id_end {
+            return Err(self.err_at(
+                self.pkt_end,
+                Malformed::AllocIdSync { header_end: self.header.alloc_id_end, counted: self.alloc_id },
+            ));
+        }
+        self.start = self.pkt_end;
+        self.packet_index += 1;
+        Ok(())
+    }
+
+    /// Parse one event of the current packet. None for a location event.
+    #[inline]
+    fn read_event(&mut self) -> Result<Option<Pending>> {
+        let at = self.pkt_pos;
+        let mut c = Cursor::new(&self.buf[self.pkt_pos..self.pkt_end]);
+        let h = self.header;
+        let r = read_event_body(
+            &mut c,
+            &h,
+            &mut self.domains[self.cur],
+            &mut self.last_time,
+            &mut self.alloc_id,
+            &mut self.locations,
+            self.parse_backtraces,
+        );
+        let used = c.pos();
+        match r {
+            Ok(p) => {
+                self.pkt_pos += used;
+                Ok(p)
+            }
+            Err(what) => {
+                let err_off = if matches!(what, Malformed::Truncated { .. } | Malformed::UnterminatedString) {
+                    at
+                } else {
+                    at + used
+                };
+                let mut e = self.err_at(err_off, what);
+                if let Error::Malformed { what: Malformed::Truncated { .. }, .. } = e {
+                    e = self.err_at(at, Malformed::EventOverrun);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The next event, or None at the end of the trace. Location events are absorbed into
+    /// the location table. The event's backtrace is borrowed until the next call.
+    pub fn next_event(&mut self) -> Result<Option<Event<'_>>> {
+        Ok(self.next_with_locations()?.map(|(e, _)| e))
+    }
+
+    /// Like [`Reader::next_event`], also lending the location table (to resolve the backtrace).
+    pub fn next_with_locations(&mut self) -> Result<Option<(Event<'_>, &LocationTable)>> {
+        if self.done {
+            return Ok(None);
+        }
+        let p = loop {
+            if self.pkt_pos >= self.pkt_end {
+                let r = if self.in_packet { self.finish_packet() } else { Ok(()) };
+                let r = r.and_then(|_| self.next_packet());
+                match r {
+                    Ok(true) => {
+                        self.in_packet = true;
+                        continue;
+                    }
+                    Ok(false) => {
+                        self.done = true;
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Err(e);
+                    }
+                }
+            }
+            match self.read_event() {
+                Ok(Some(p)) => break p,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        };
+        let domain = DomainId(self.header.domain);
+        let ev = match p {
+            Pending::Alloc { time, id, length, nsamples, source, common_prefix } => {
+                self.stats.allocs += 1;
+                Event::Alloc(Alloc {
+                    time: Timestamp(time),
+                    domain,
+                    id: ObjId(id),
+                    length,
+                    nsamples,
+                    source,
+                    common_prefix,
+                    backtrace: if self.parse_backtraces { self.domains[self.cur].cache.backtrace() } else { &[] },
+                })
+            }
+            Pending::Promote { time, id } => {
+                self.stats.promotes += 1;
+                Event::Promote { time: Timestamp(time), domain, id: ObjId(id) }
+            }
+            Pending::Collect { time, id } => {
+                self.stats.collects += 1;
+                Event::Collect { time: Timestamp(time), domain, id: ObjId(id) }
+            }
+        };
+        Ok(Some((ev, &self.locations)))
+    }
+}
+
+/// An event parsed but not yet handed out.
+#[derive(Clone, Copy)]
+enum Pending {
+    Alloc { time: u64, id: u64, length: u64, nsamples: u64, source: AllocSource, common_prefix: u64 },
+    Promote { time: u64, id: u64 },
+    Collect { time: u64, id: u64 },
+}
+
+fn non_negative(field: &'static str, v: i64) -> Result<u64, Malformed> {
+    if v < 0 {
+        Err(Malformed::BadValue { field, value: v })
+    } else {
+        Ok(v as u64)
+    }
+}
+
+#[inline]
+fn read_event_body(
+    c: &mut Cursor<'_>,
+    h: &PacketHeader,
+    d: &mut DomainState,
+    global_last: &mut u64,
+    alloc_id: &mut u64,
+    locations: &mut LocationTable,
+    parse_backtraces: bool,
+) -> Result<Option<Pending>, Malformed> {
+    let word = c.u32()?;
+    let (code, time) = decode_header(word, h.time_begin, h.time_end)?;
+    let time = time.0;
+    let v3 = h.version >= 3;
+    let last = if v3 { &mut d.last_time } else { global_last };
+    if time < *last {
+        return Err(Malformed::NonMonotoneTime { time, previous: *last });
+    }
+    *last = time;
+    if !v3 {
+        d.last_time = time;
+    }
+    match code {
+        EventCode::TraceInfo => Err(Malformed::MultipleTraceInfo),
+        EventCode::Location => {
+            let (code, locs) = d.codec.decode(c)?;
+            match locations.get(&code) {
+                Some(old) if **old != *locs => return Err(Malformed::InconsistentLocation { code: code.0 }),
+                Some(_) => {}
+                None => {
+                    locations.insert(code, locs);
+                }
+            }
+            Ok(None)
+        }
+        EventCode::Alloc | EventCode::ShortAlloc(_) => {
+            let (length, nsamples, source, common_prefix, nencoded) = if let EventCode::ShortAlloc(n) = code {
+                let common_prefix = non_negative("common prefix", c.vint()?)?;
+                (n as u64, 1, AllocSource::Minor, common_prefix, c.u8()? as usize)
+            } else {
+                let length = non_negative("length", c.vint()?)?;
+                let nsamples = non_negative("nsamples", c.vint()?)?;
+                let source = AllocSource::from_u8(c.u8()?)?;
+                let common_prefix = non_negative("common prefix", c.vint()?)?;
+                (length, nsamples, source, common_prefix, c.u16()? as usize)
+            };
+            if parse_backtraces {
+                d.cache.decode(c, nencoded, common_prefix)?;
+            } else {
+                CacheReader::skip(c, nencoded)?;
+            }
+            let id = *alloc_id;
+            *alloc_id += 1;
+            Ok(Some(Pending::Alloc { time, id, length, nsamples, source, common_prefix }))
+        }
+        EventCode::Promote | EventCode::Collect => {
+            let delta = c.vint()?;
+            let is_promote = code == EventCode::Promote;
+            // v3 collects may name a later id (another domain's chunk); promotes never.
+            if delta < 0 && (is_promote || !v3) {
+                return Err(Malformed::BadValue { field: if is_promote { "promote id delta" } else { "collect id delta" }, value: delta });
+            }
+            let id = (*alloc_id as i64).wrapping_sub(1).wrapping_sub(delta);
+            if id < 0 {
+                return Err(Malformed::BadObjectId {
+                    event: if is_promote { "promote" } else { "collect" },
+                    id,
+                    next: *alloc_id,
+                });
+            }
+            let id = id as u64;
+            Ok(Some(if is_promote { Pending::Promote { time, id } } else { Pending::Collect { time, id } }))
+        }
+    }
+}
