@@ -131,6 +131,18 @@ impl CacheReader {
     }
 }
 
+/// Saved cache entries, to undo an encoding (index, cache, date, next).
+#[derive(Clone, Debug, Default)]
+pub struct Journal {
+    saved: Vec<(u16, u64, i64, u16)>,
+}
+
+impl Journal {
+    pub fn clear(&mut self) {
+        self.saved.clear()
+    }
+}
+
 /// Encoder state of one stream: cache, the alloc id at each entry's last use, predictions.
 #[derive(Clone)]
 pub struct CacheWriter {
@@ -171,6 +183,16 @@ impl CacheWriter {
         }
     }
 
+    /// Undo the changes recorded in `journal` (latest first).
+    pub fn rollback(&mut self, journal: &mut Journal) {
+        while let Some((i, c, d, n)) = journal.saved.pop() {
+            let i = i as usize;
+            self.cache[i] = c;
+            self.date[i] = d;
+            self.next[i] = n;
+        }
+    }
+
     /// Encode `frames` (the new frames, caller-first) while the buffer stays within `limit`
     /// bytes (the reference passes its position + 4096 - 10). Calls `on_miss(i)` for every
     /// frame that misses the cache (its locations must be logged). Returns (codewords
@@ -181,8 +203,17 @@ impl CacheWriter {
         alloc_id: i64,
         frames: &[LocationCode],
         limit: usize,
+        mut journal: Option<&mut Journal>,
         mut on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
+        macro_rules! save {
+            ($i:expr) => {
+                if let Some(j) = journal.as_deref_mut() {
+                    let i = $i;
+                    j.saved.push((i as u16, self.cache[i], self.date[i], self.next[i]));
+                }
+            };
+        }
         let n = frames.len();
         let mut pos = 0usize;
         let mut ncodes = 0usize;
@@ -201,6 +232,8 @@ impl CacheWriter {
             } else {
                 on_miss(pos);
                 let bucket = if self.date[h1] < self.date[h2] { h1 } else { h2 };
+                save!(bucket);
+                save!(predictor);
                 self.cache[bucket] = slot;
                 self.date[bucket] = alloc_id;
                 self.next[predictor] = bucket as u16;
@@ -214,6 +247,8 @@ impl CacheWriter {
             // code_cache_hit / code_with_prediction
             let mut hit = hit;
             loop {
+                save!(hit);
+                save!(predictor);
                 self.date[hit] = alloc_id;
                 self.next[predictor] = hit as u16;
                 let orig = hit;
@@ -262,7 +297,7 @@ mod tests {
         for (id, bt) in bts.iter().enumerate() {
             let mut b = WriteBuf::default();
             let mut misses = 0;
-            let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, |_| misses += 1);
+            let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
             assert_eq!(done, bt.len());
             let mut c = Cursor::new(&b.bytes);
             r.decode(&mut c, n, 0).unwrap();
@@ -301,7 +336,7 @@ mod tests {
         let mut w = CacheWriter::default();
         let bt: Vec<LocationCode> = (0..1000).map(|i| LocationCode(i * 977 + 3)).collect();
         let mut b = WriteBuf::default();
-        let (n, done) = w.encode(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, |_| {});
+        let (n, done) = w.encode(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, None, |_| {});
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
@@ -314,15 +349,15 @@ mod tests {
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, |_| {});
+        let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
         r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, |_| {});
+        let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
         r.decode(&mut Cursor::new(&b.bytes), n, 10).unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, |_| panic!("9 must hit"));
+        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| panic!("9 must hit"));
         r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
         assert_eq!(r.backtrace(), &codes(&[9])[..]);
     }

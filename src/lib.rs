@@ -6,6 +6,8 @@
 
 pub mod backtrace;
 pub mod buf;
+pub mod copy;
+pub mod dump;
 pub mod error;
 pub mod event;
 pub mod info;
@@ -13,9 +15,11 @@ pub mod location;
 pub mod packet;
 pub mod merge;
 pub mod reader;
+pub mod writer;
 
 pub use error::{Error, Malformed, Position, Result};
 pub use event::{Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp};
 pub use info::TraceInfo;
 pub use location::{Location, LocationList, LocationTable};
 pub use reader::{ReadStats, Reader, Warning};
+pub use writer::{WriteStats, Writer, WriterOptions};

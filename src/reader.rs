@@ -55,7 +55,7 @@ pub struct Reader<R> {
     name: String,
     info: TraceInfo,
     buf: Vec<u8>,
-    /// Valid bytes are buf[start..end]; `start` is at file offset `base`.
+    /// Valid bytes are buf[start..end]; buf[0] is at file offset `base`.
     start: usize,
     end: usize,
     base: u64,
@@ -177,7 +177,7 @@ impl<R: Read> Reader<R> {
     fn pos_at(&self, off_in_buf: usize) -> Position {
         Position {
             file: self.name.clone(),
-            offset: self.base + (off_in_buf - self.start) as u64,
+            offset: self.base + off_in_buf as u64,
             packet: Some(self.packet_index),
         }
     }

@@ -1,0 +1,42 @@
+//! Re-encoding one trace in file order through the writer, as the reference `copy` test
+//! does: the proof that reader and writer agree with the OCaml library byte for byte.
+
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::reader::{Reader, Warning};
+use crate::writer::{WriteStats, Writer, WriterOptions};
+use std::io::{Read, Write};
+
+/// Read every event of `reader` and write it again with the same trace info.
+/// With `opts.version` equal to the input's format, the output reproduces the input.
+pub fn copy<R: Read, W: Write>(reader: &mut Reader<R>, out: W, opts: WriterOptions) -> Result<(W, WriteStats, Vec<Warning>)> {
+    let mut info = reader.info().clone();
+    if opts.version < 3 {
+        info.initial_domain = crate::event::DomainId(0);
+    }
+    let mut w = Writer::new(out, &info, opts)?;
+    let mut warnings = Vec::new();
+    let v2_out = opts.version < 3;
+    let same_layout = v2_out == (reader.info().version < 3);
+    while let Some((ev, table)) = reader.next_with_locations()? {
+        let dom = if v2_out { crate::event::DomainId(0) } else { ev.domain() };
+        match ev {
+            Event::Alloc(a) => {
+                let id = w.put_alloc(a.time, dom, a.length, a.nsamples, a.source, a.backtrace, |c| table.get(&c).cloned())?;
+                if same_layout && id != a.id {
+                    return Err(Error::Write(format!(
+                        "allocation id {} re-encoded as {} (input ids are not in file order)",
+                        a.id.0, id.0
+                    )));
+                }
+            }
+            Event::Promote { time, id, .. } => w.put_promote(time, dom, id)?,
+            Event::Collect { time, id, .. } => w.put_collect(time, dom, id)?,
+        }
+        warnings.extend(reader.take_warnings());
+    }
+    warnings.extend(reader.take_warnings());
+    let stats = w.stats().clone();
+    let out = w.finish()?;
+    Ok((out, stats, warnings))
+}

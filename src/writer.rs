@@ -1,0 +1,404 @@
+//! A trace writer (format 2 or 3) making exactly the reference writer's decisions: packet
+//! flushes, location packets, cache hashing and eviction, verifiers, format-3 id chunks.
+
+use crate::backtrace::{self, CacheWriter, Journal};
+use crate::buf::WriteBuf;
+use crate::error::{Error, Result};
+use crate::event::{encode_header, AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp, PACKET_MAX_TIME};
+use crate::info::TraceInfo;
+use crate::location::{IntMap, LocationCodec, LocationList, MAX_LENGTH as LOCATION_MAX_LENGTH};
+use crate::packet::{CacheVerifier, PacketHeader, MAX_PACKET_SIZE, NO_VERIFIER};
+use std::io::Write;
+
+/// Fixed-size part of any event (upper bound) plus the larger of the two encoding budgets.
+const MAX_EV_SIZE: usize = 100 + backtrace::MAX_LENGTH;
+/// Format-3 writers hand out object ids in chunks of this many per domain.
+pub const IDS_PER_CHUNK: u64 = 10_000;
+/// A packet with more new locations than this is flushed before the next event.
+const MAX_NEW_LOCS: usize = 128;
+
+/// How to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Format version: 2 (memtrace ≤ 0.2.x, one stream) or 3 (per-domain streams).
+    pub version: u16,
+    /// Never truncate a backtrace: when one does not fit the reference's 4 KiB budget, it
+    /// is moved to a fresh packet and encoded in the packet's room (up to 32 KiB).
+    /// Output is byte-identical to the reference whenever the reference would not truncate.
+    pub lossless: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions { version: 2, lossless: false }
+    }
+}
+
+/// The state of one domain's stream of packets.
+struct Stream {
+    domain: u16,
+    codec: LocationCodec,
+    cache: CacheWriter,
+    new_locs: Vec<(LocationCode, LocationList)>,
+    /// The previous allocation's backtrace, caller-first.
+    last_backtrace: Vec<LocationCode>,
+    start_id: u64,
+    next_id: u64,
+    /// End of the current id chunk (format 3); u64::MAX in format 2.
+    last_id: u64,
+    time_start: u64,
+    time_end: u64,
+    packet: WriteBuf,
+}
+
+/// Counts of what was written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    pub packets: u64,
+    pub bytes: u64,
+    pub allocs: u64,
+    pub promotes: u64,
+    pub collects: u64,
+    /// Backtraces that did not fit the reference budget and were moved to a fresh packet.
+    pub relocated_backtraces: u64,
+}
+
+/// Writes one trace.
+pub struct Writer<W: Write> {
+    out: W,
+    version: u16,
+    pid: u64,
+    start_time: u64,
+    lossless: bool,
+    streams: Vec<Stream>,
+    stream_of: IntMap<u16, usize>,
+    last: usize,
+    /// Next free id chunk (format 3).
+    global_ids: u64,
+    loc_buf: WriteBuf,
+    journal: Journal,
+    stats: WriteStats,
+}
+
+impl<W: Write> Writer<W> {
+    /// Start a trace: writes the info packet.
+    pub fn new(out: W, info: &TraceInfo, opts: WriterOptions) -> Result<Self> {
+        if !(2..=3).contains(&opts.version) {
+            return Err(Error::Usage(format!("cannot write format version {}", opts.version)));
+        }
+        let domain = if opts.version >= 3 { info.initial_domain.0 } else { 0 };
+        let mut w = Writer {
+            out,
+            version: opts.version,
+            pid: info.pid,
+            start_time: info.start_time.0,
+            lossless: opts.lossless,
+            streams: Vec::new(),
+            stream_of: IntMap::default(),
+            last: 0,
+            global_ids: 0,
+            loc_buf: WriteBuf::with_capacity(MAX_PACKET_SIZE),
+            journal: Journal::default(),
+            stats: WriteStats::default(),
+        };
+        let mut b = WriteBuf::with_capacity(1024);
+        PacketHeader::start(&mut b, w.version, w.pid, domain, dummy_verifier());
+        let mut info = info.clone();
+        info.version = w.version;
+        info.encode(&mut b);
+        PacketHeader::finish(&mut b, w.version, w.start_time, w.start_time, 0, 0);
+        w.emit(&b.bytes.clone())?;
+        let s = w.new_stream(domain);
+        w.streams.push(s);
+        w.stream_of.insert(domain, 0);
+        Ok(w)
+    }
+
+    pub fn stats(&self) -> &WriteStats {
+        &self.stats
+    }
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    fn emit(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write_all(bytes).map_err(|e| Error::io("<output>", "write", e))?;
+        self.stats.packets += 1;
+        self.stats.bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn new_stream(&mut self, domain: u16) -> Stream {
+        let (next_id, last_id) = if self.version >= 3 {
+            let n = self.global_ids;
+            self.global_ids += IDS_PER_CHUNK;
+            (n, n + IDS_PER_CHUNK)
+        } else {
+            (0, u64::MAX)
+        };
+        let mut packet = WriteBuf::with_capacity(MAX_PACKET_SIZE);
+        PacketHeader::start(&mut packet, self.version, self.pid, domain, dummy_verifier());
+        Stream {
+            domain,
+            codec: LocationCodec::default(),
+            cache: CacheWriter::default(),
+            new_locs: Vec::new(),
+            last_backtrace: Vec::new(),
+            start_id: next_id,
+            next_id,
+            last_id,
+            time_start: self.start_time,
+            time_end: self.start_time,
+            packet,
+        }
+    }
+
+    /// The stream of `domain`, switching to it as the reference's multiplexed writer does
+    /// (flushing the previous domain's packet first).
+    fn select(&mut self, domain: DomainId) -> Result<usize> {
+        let cur = self.last;
+        if self.streams[cur].domain == domain.0 {
+            return Ok(cur);
+        }
+        if self.version < 3 {
+            return Err(Error::Write(format!("format 2 has no domains (event of domain {})", domain.0)));
+        }
+        let now = self.streams[cur].time_end;
+        self.flush_at(cur, now)?;
+        let i = match self.stream_of.get(&domain.0) {
+            Some(&i) => i,
+            None => {
+                let s = self.new_stream(domain.0);
+                self.streams.push(s);
+                let i = self.streams.len() - 1;
+                self.stream_of.insert(domain.0, i);
+                i
+            }
+        };
+        self.last = i;
+        Ok(i)
+    }
+
+    /// Write the stream's pending location packets and its events packet; start a new one.
+    fn flush_at(&mut self, si: usize, now: u64) -> Result<()> {
+        let version = self.version;
+        let pid = self.pid;
+        let mut i = 0;
+        while i < self.streams[si].new_locs.len() {
+            let mut b = std::mem::take(&mut self.loc_buf);
+            b.clear();
+            let s = &mut self.streams[si];
+            PacketHeader::start(&mut b, version, pid, s.domain, dummy_verifier());
+            while i < s.new_locs.len() && MAX_PACKET_SIZE - b.len() > LOCATION_MAX_LENGTH {
+                b.u32(encode_header(EventCode::Location, Timestamp(s.time_start)));
+                let (code, locs) = &s.new_locs[i];
+                s.codec.encode(&mut b, *code, locs);
+                i += 1;
+            }
+            PacketHeader::finish(&mut b, version, s.time_start, s.time_start, s.start_id, s.start_id);
+            let r = self.emit(&b.bytes);
+            self.loc_buf = b;
+            r?;
+        }
+        let s = &mut self.streams[si];
+        PacketHeader::finish(&mut s.packet, version, s.time_start, s.time_end, s.start_id, s.next_id);
+        let packet = std::mem::take(&mut s.packet);
+        let r = self.emit(&packet.bytes);
+        let s = &mut self.streams[si];
+        s.packet = packet;
+        r?;
+        s.time_start = now;
+        s.time_end = now;
+        s.new_locs.clear();
+        s.packet.clear();
+        if s.next_id >= s.last_id {
+            s.next_id = self.global_ids;
+            s.last_id = self.global_ids + IDS_PER_CHUNK;
+            self.global_ids += IDS_PER_CHUNK;
+        }
+        s.start_id = s.next_id;
+        let v = s.cache.next_verifier();
+        PacketHeader::start(&mut s.packet, version, pid, s.domain, v);
+        Ok(())
+    }
+
+    fn check_time(&self, si: usize, now: u64) -> Result<()> {
+        let s = &self.streams[si];
+        if now < s.time_end {
+            return Err(Error::Write(format!(
+                "out-of-order timestamps: event at {now} after {} (domain {})",
+                s.time_end, s.domain
+            )));
+        }
+        Ok(())
+    }
+
+    /// The reference's `begin_event`: flush when the packet is nearly full, has many new
+    /// locations, would span over 30 s, or (format 3) the id chunk is used up.
+    fn begin_event(&mut self, si: usize, code: EventCode, now: u64) -> Result<()> {
+        let s = &self.streams[si];
+        if MAX_PACKET_SIZE - s.packet.len() < MAX_EV_SIZE
+            || s.new_locs.len() > MAX_NEW_LOCS
+            || (now as i64).wrapping_sub(s.time_start as i64) > PACKET_MAX_TIME as i64
+            || s.next_id >= s.last_id
+        {
+            self.flush_at(si, now)?;
+        }
+        let s = &mut self.streams[si];
+        s.time_end = now;
+        s.packet.u32(encode_header(code, Timestamp(now)));
+        Ok(())
+    }
+
+    /// Write an allocation with its backtrace (caller-first). `resolve` gives the locations
+    /// of a code the first time it misses the cache (and again after eviction).
+    /// Returns the id the allocation gets in this trace.
+    pub fn put_alloc(
+        &mut self,
+        time: Timestamp,
+        domain: DomainId,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        backtrace: &[LocationCode],
+        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
+        let si = self.select(domain)?;
+        self.check_time(si, time.0)?;
+        let s = &mut self.streams[si];
+        let common = s.last_backtrace.iter().zip(backtrace).take_while(|(a, b)| a == b).count();
+        let new = &backtrace[common..];
+        s.last_backtrace.clear();
+        s.last_backtrace.extend_from_slice(backtrace);
+        let is_short = (1..=16).contains(&length) && source == AllocSource::Minor && nsamples == 1 && new.len() < 256;
+        let code = if is_short { EventCode::ShortAlloc(length as u8) } else { EventCode::Alloc };
+        // Worst case 10 bytes a frame: within the reference budget it can never truncate.
+        let may_truncate = new.len() * backtrace::MAX_ENTRY >= backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
+        let journal = self.lossless && may_truncate;
+        let mut missing = None;
+        let mut attempt = 0;
+        loop {
+            let s = &self.streams[si];
+            let saved = (s.packet.len(), s.new_locs.len(), s.time_end, s.next_id);
+            let packets_before = self.stats.packets;
+            self.begin_event(si, code, time.0)?;
+            let s = &mut self.streams[si];
+            let id = s.next_id;
+            s.next_id += 1;
+            let b = &mut s.packet;
+            let nenc_at = if is_short {
+                b.vint(common as i64);
+                b.skip(1)
+            } else {
+                b.vint(length as i64);
+                b.vint(nsamples as i64);
+                b.u8(source as u8);
+                b.vint(common as i64);
+                b.skip(2)
+            };
+            let limit = if attempt == 0 {
+                b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
+            } else {
+                MAX_PACKET_SIZE - backtrace::MAX_ENTRY
+            };
+            let new_locs = &mut s.new_locs;
+            self.journal.clear();
+            let (ncodes, done) = s.cache.encode(
+                b,
+                id as i64,
+                new,
+                limit,
+                if journal { Some(&mut self.journal) } else { None },
+                |i| match resolve(new[i]) {
+                    Some(l) => new_locs.push((new[i], l)),
+                    None => missing = Some(new[i]),
+                },
+            );
+            if let Some(code) = missing {
+                return Err(Error::Write(format!("location code {:#x} has no known locations", code.0)));
+            }
+            if done < new.len() && journal {
+                if attempt > 0 {
+                    return Err(Error::Write(format!(
+                        "backtrace with {} new frames does not fit in one packet",
+                        new.len()
+                    )));
+                }
+                // Undo this attempt and retry in a fresh packet with the whole packet's room.
+                s.cache.rollback(&mut self.journal);
+                let (plen, nlocs, tend, nid) = saved;
+                let flushed = self.stats.packets != packets_before;
+                let hdr = crate::packet::header_size(self.version);
+                if flushed {
+                    // begin_event flushed: the packet holds only this event; drop it.
+                    s.packet.bytes.truncate(hdr);
+                    s.new_locs.clear();
+                    s.next_id -= 1;
+                    s.time_end = time.0;
+                } else {
+                    s.packet.bytes.truncate(plen);
+                    s.new_locs.truncate(nlocs);
+                    s.time_end = tend;
+                    s.next_id = nid;
+                    if s.packet.len() > hdr {
+                        self.flush_at(si, time.0)?;
+                    }
+                }
+                self.stats.relocated_backtraces += 1;
+                attempt += 1;
+                continue;
+            }
+            let b = &mut s.packet;
+            if is_short {
+                b.set_u8(nenc_at, ncodes as u8);
+            } else {
+                b.set_u16(nenc_at, ncodes.min(0xffff) as u16);
+            }
+            self.stats.allocs += 1;
+            return Ok(ObjId(id));
+        }
+    }
+
+    fn put_id_event(&mut self, code: EventCode, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
+        let si = self.select(domain)?;
+        self.check_time(si, time.0)?;
+        if self.version < 3 && id.0 >= self.streams[si].next_id {
+            return Err(Error::Write(format!(
+                "{} of object {} which is not allocated yet",
+                if code == EventCode::Promote { "promote" } else { "collect" },
+                id.0
+            )));
+        }
+        self.begin_event(si, code, time.0)?;
+        let s = &mut self.streams[si];
+        let delta = (s.next_id as i64).wrapping_sub(1).wrapping_sub(id.0 as i64);
+        s.packet.vint(delta);
+        Ok(())
+    }
+
+    pub fn put_promote(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
+        self.put_id_event(EventCode::Promote, time, domain, id)?;
+        self.stats.promotes += 1;
+        Ok(())
+    }
+
+    pub fn put_collect(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
+        self.put_id_event(EventCode::Collect, time, domain, id)?;
+        self.stats.collects += 1;
+        Ok(())
+    }
+
+    /// Flush the current domain's packet (as the reference's `flush`/`close`) and hand back
+    /// the output.
+    pub fn finish(mut self) -> Result<W> {
+        let si = self.last;
+        let now = self.streams[si].time_end;
+        self.flush_at(si, now)?;
+        self.out.flush().map_err(|e| Error::io("<output>", "flush", e))?;
+        Ok(self.out)
+    }
+}
+
+fn dummy_verifier() -> CacheVerifier {
+    CacheVerifier { index: NO_VERIFIER, prediction: 0, value: 0 }
+}
