@@ -74,7 +74,6 @@ pub fn dump<R: Read, W: Write>(reader: &mut Reader<R>, out: &mut W, mut warn: im
     let v3 = reader.info().version >= 3;
     let mut frames = FrameFormatter::default();
     let mut line = Vec::with_capacity(1 << 16);
-    let name = reader.name().to_string();
     let wr = |e: std::io::Error| Error::io("<stdout>", "write", e);
     loop {
         let next = reader.next_with_locations();
@@ -113,8 +112,9 @@ pub fn dump<R: Read, W: Write>(reader: &mut Reader<R>, out: &mut W, mut warn: im
                 line.push(b':');
                 for &code in a.backtrace {
                     if let Err(what) = frames.put(&mut line, code, table) {
-                        out.write_all(&line[..line.len()]).map_err(wr)?;
-                        return Err(Error::malformed(&name, 0, None, what));
+                        let keep = line.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                        out.write_all(&line[..keep]).map_err(wr)?;
+                        return Err(Error::Malformed { at: reader.position(), what });
                     }
                 }
                 line.push(b'\n');

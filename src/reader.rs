@@ -174,6 +174,16 @@ impl<R: Read> Reader<R> {
         self.domains.len()
     }
 
+    /// Where the reader is: the file, the offset of the next unread event, the packet.
+    pub fn position(&self) -> Position {
+        self.pos_at(self.pkt_pos.max(self.start).min(self.end))
+    }
+
+    /// The version of the current packet (the info packet's before the first).
+    pub fn packet_header(&self) -> &PacketHeader {
+        &self.header
+    }
+
     fn pos_at(&self, off_in_buf: usize) -> Position {
         Position {
             file: self.name.clone(),
