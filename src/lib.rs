@@ -9,6 +9,7 @@ pub mod buf;
 pub mod copy;
 pub mod dump;
 pub mod error;
+pub mod ffi;
 pub mod event;
 pub mod info;
 pub mod location;

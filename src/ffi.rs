@@ -1,0 +1,1035 @@
+//! The C ABI of the merge (`memtrace_merge()` and its option, report and status types), used by
+//! C programs and the OCaml bindings; the crate's only `unsafe` code. Header: include/memtrace_merge.h.
+
+use crate::error::Error;
+use crate::merge::{self, InputReport, MergeOptions, MergeReport, RateMismatch};
+use std::any::Any;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+/// `MemtraceMergeOptions.format`: format 2 when every input is at most 2, else 3.
+pub const MEMTRACE_MERGE_FORMAT_AUTO: u32 = 0;
+/// `MemtraceMergeOptions.format`: write format version 2.
+pub const MEMTRACE_MERGE_FORMAT_V2: u32 = 2;
+/// `MemtraceMergeOptions.format`: write format version 3.
+pub const MEMTRACE_MERGE_FORMAT_V3: u32 = 3;
+/// `MemtraceMergeOptions.on_rate_mismatch`: thin faster inputs to the slowest sampling rate.
+pub const MEMTRACE_MERGE_RATE_THIN: u32 = 0;
+/// `MemtraceMergeOptions.on_rate_mismatch`: refuse inputs sampled at different rates.
+pub const MEMTRACE_MERGE_RATE_FAIL: u32 = 1;
+/// The most inputs one call accepts; more is taken for a caller's bug (BAD_ARGUMENTS).
+pub const MEMTRACE_MERGE_MAX_INPUTS: usize = 1_000_000;
+/// `MemtraceMergeInputReport.arg_index` of an input whose argument could not be told.
+pub const MEMTRACE_MERGE_UNKNOWN_ARG: usize = usize::MAX;
+
+/// What `memtrace_merge()` did; every value but the first two means nothing was written.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemtraceMergeStatus {
+    /// The output was written.
+    Ok = 0,
+    /// The output was written, but some input had warnings or was skipped; `errbuf` holds
+    /// the first warning.
+    OkWithWarnings = 1,
+    /// The call was wrong: NULL or empty argument, bad option value, output = an input, ...
+    BadArguments = 2,
+    /// An input is missing, unreadable, malformed or incompatible with the others.
+    InputError = 3,
+    /// The output (or its temporary file beside it) could not be written.
+    OutputError = 4,
+    /// A bug in the library (a Rust panic was caught); `errbuf` says where.
+    InternalError = 5,
+}
+
+/// Options of a merge. All zero (`MemtraceMergeOptions o = {0};`) means the defaults, as does
+/// passing NULL instead of a pointer to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemtraceMergeOptions {
+    /// Output format: `MEMTRACE_MERGE_FORMAT_AUTO` (0), `_V2` (2) or `_V3` (3).
+    pub format: u32,
+    /// `MEMTRACE_MERGE_RATE_THIN` (0) or `MEMTRACE_MERGE_RATE_FAIL` (1).
+    pub on_rate_mismatch: u32,
+    /// Seed of the thinning's random numbers (same seed, same inputs: same output bytes).
+    pub seed: u64,
+    /// Non-zero: give every backtrace a synthetic root frame naming its input.
+    pub tag_processes: c_int,
+    /// Non-zero: leave out inputs that cannot be read at all (a warning) instead of failing.
+    pub skip_bad_inputs: c_int,
+    /// The merged trace's pid; 0: the first input's.
+    pub pid: u64,
+    /// The merged trace's context (NUL-terminated); NULL: the first input's, or a description
+    /// of the merge. The bytes are taken as they are (need not be UTF-8).
+    pub context: *const c_char,
+}
+
+/// What happened to one input (one file: a directory argument gives one per `*.ctf` file).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemtraceMergeInputReport {
+    /// Index in `inputs` of the argument this file came from, or `MEMTRACE_MERGE_UNKNOWN_ARG`.
+    pub arg_index: usize,
+    /// The input's pid.
+    pub pid: u64,
+    /// The input's format version.
+    pub format: u32,
+    /// Non-zero: left out entirely (unreadable, with `skip_bad_inputs`).
+    pub skipped: c_int,
+    /// The input's sampling rate.
+    pub sample_rate: f64,
+    /// Fraction of samples kept by thinning (1.0 when not thinned).
+    pub keep_fraction: f64,
+    /// Events read (allocations + promotions + collections).
+    pub events: u64,
+    /// Allocations read.
+    pub allocs: u64,
+    /// Promotions read.
+    pub promotes: u64,
+    /// Collections read.
+    pub collects: u64,
+    /// Allocations written to the output (fewer than `allocs` when thinned).
+    pub allocs_written: u64,
+    /// Samples read (the sum of the allocations' sample counts).
+    pub samples_read: u64,
+    /// Samples written.
+    pub samples_written: u64,
+    /// Packets left out as unreadable.
+    pub skipped_packets: u64,
+    /// Location codes given a fresh code because another input used them differently.
+    pub remapped_codes: u64,
+    /// Number of warnings about this input.
+    pub warnings: u64,
+}
+
+/// What a merge did: totals, and optionally one `MemtraceMergeInputReport` per input in an
+/// array that the caller owns. Nothing in it needs freeing.
+///
+/// Before the call set `inputs` and `inputs_capacity` (or leave both zero); the call writes
+/// every other field, zeroes on failure. `inputs[0 .. min(n_inputs, inputs_capacity)]` are
+/// filled, in merge order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemtraceMergeReport {
+    /// In: caller-owned array for per-input reports, or NULL.
+    pub inputs: *mut MemtraceMergeInputReport,
+    /// In: number of elements of `inputs`.
+    pub inputs_capacity: usize,
+    /// Inputs considered, after expanding directories (skipped ones included).
+    pub n_inputs: u64,
+    /// Inputs left out (with `skip_bad_inputs`).
+    pub n_inputs_skipped: u64,
+    /// Inputs thinned to a slower sampling rate (`keep_fraction` < 1).
+    pub n_inputs_thinned: u64,
+    /// Format version of the output (2 or 3).
+    pub format: u32,
+    /// Padding; always 0.
+    pub reserved: u32,
+    /// Allocations written to the output.
+    pub allocs: u64,
+    /// Promotions written to the output.
+    pub promotes: u64,
+    /// Collections written to the output.
+    pub collects: u64,
+    /// Location codes remapped, all inputs together.
+    pub remapped_codes: u64,
+    /// Warnings, all inputs together.
+    pub warnings: u64,
+    /// Events read, all inputs together.
+    pub input_events: u64,
+    /// Allocations read, all inputs together (more than `allocs` when thinned).
+    pub input_allocs: u64,
+    /// Samples read, all inputs together.
+    pub samples_read: u64,
+    /// Samples written.
+    pub samples_written: u64,
+    /// Packets left out as unreadable, all inputs together.
+    pub skipped_packets: u64,
+}
+
+/// Merge `n_inputs` traces (files, or directories whose `*.ctf` files are taken in name order)
+/// into `output`, written to a temporary file beside it and renamed at the end: on failure no
+/// output is left behind. Blocks until done; safe to call from several threads at once (on
+/// different outputs) and in a forked child.
+///
+/// - `inputs`: `n_inputs` non-empty NUL-terminated paths (any bytes: paths need not be UTF-8).
+/// - `output`: the path to write; must not be one of the inputs.
+/// - `options`: NULL for the defaults.
+/// - `report`: NULL, or filled in (see `MemtraceMergeReport`).
+/// - `errbuf`: NULL, or `errbuf_len` bytes that receive a NUL-terminated message (truncated to
+///   fit): the error, the first warning, or "" on a clean success.
+///
+/// Returns `MEMTRACE_MERGE_STATUS_OK` or `_OK_WITH_WARNINGS` when the output was written.
+///
+/// # Safety
+///
+/// Every non-NULL pointer must be valid for what it is documented as: `inputs` for `n_inputs`
+/// pointers, each to a NUL-terminated string; `output` and `options->context` NUL-terminated;
+/// `report` writable, its `inputs` writable for `inputs_capacity` elements; `errbuf` writable
+/// for `errbuf_len` bytes. Nothing is kept after the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn memtrace_merge(
+    inputs: *const *const c_char,
+    n_inputs: usize,
+    output: *const c_char,
+    options: *const MemtraceMergeOptions,
+    report: *mut MemtraceMergeReport,
+    errbuf: *mut c_char,
+    errbuf_len: usize,
+) -> MemtraceMergeStatus {
+    merge_with(
+        inputs,
+        n_inputs,
+        output,
+        options,
+        report,
+        errbuf,
+        errbuf_len,
+        merge::merge,
+    )
+}
+
+/// A static, NUL-terminated name and meaning of a status ("unknown status" for other values).
+#[no_mangle]
+pub extern "C" fn memtrace_merge_status_string(status: c_int) -> *const c_char {
+    let s: &'static [u8] = match status {
+        0 => b"OK: output written\0",
+        1 => b"OK_WITH_WARNINGS: output written, with warnings\0",
+        2 => b"BAD_ARGUMENTS: invalid arguments\0",
+        3 => b"INPUT_ERROR: an input could not be read or merged\0",
+        4 => b"OUTPUT_ERROR: the output could not be written\0",
+        5 => b"INTERNAL_ERROR: bug in memtrace_merge\0",
+        _ => b"unknown status\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// The library's version ("0.1.0"), static and NUL-terminated.
+#[no_mangle]
+pub extern "C" fn memtrace_merge_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Why a call failed: a status and its message.
+struct Failure {
+    status: MemtraceMergeStatus,
+    message: String,
+}
+
+fn bad(message: impl Into<String>) -> Failure {
+    Failure {
+        status: MemtraceMergeStatus::BadArguments,
+        message: message.into(),
+    }
+}
+
+/// The arguments, checked and turned into Rust values.
+struct Args {
+    inputs: Vec<PathBuf>,
+    output: PathBuf,
+    options: MergeOptions,
+}
+
+/// `memtrace_merge` with the merge function as a parameter (unit tests pass fakes).
+#[allow(clippy::too_many_arguments)]
+unsafe fn merge_with<F>(
+    inputs: *const *const c_char,
+    n_inputs: usize,
+    output: *const c_char,
+    options: *const MemtraceMergeOptions,
+    report: *mut MemtraceMergeReport,
+    errbuf: *mut c_char,
+    errbuf_len: usize,
+    merge_fn: F,
+) -> MemtraceMergeStatus
+where
+    F: FnOnce(&[PathBuf], &Path, &MergeOptions) -> crate::error::Result<MergeReport>,
+{
+    let run = AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract (see `memtrace_merge`).
+        let (inputs_array, capacity) = if report.is_null() {
+            (std::ptr::null_mut(), 0)
+        } else {
+            let r = &mut *report;
+            let caller_array = (r.inputs, r.inputs_capacity);
+            *r = empty_report(caller_array.0, caller_array.1);
+            caller_array
+        };
+        let args = parse_args(inputs, n_inputs, output, options)?;
+        let merged = merge_fn(&args.inputs, &args.output, &args.options).map_err(|e| Failure {
+            status: classify(&e, &args.inputs, &args.output),
+            message: e.to_string(),
+        })?;
+        let per_input = input_reports(&merged, &args.inputs);
+        if !report.is_null() {
+            *report = totals(&merged, inputs_array, capacity);
+            if !inputs_array.is_null() {
+                for (i, r) in per_input.into_iter().take(capacity).enumerate() {
+                    inputs_array.add(i).write(r);
+                }
+            }
+        }
+        Ok::<_, Failure>(warning_of(&merged))
+    });
+    let (status, message) = match panic::catch_unwind(run) {
+        Ok(Ok(None)) => (MemtraceMergeStatus::Ok, String::new()),
+        Ok(Ok(Some(warning))) => (MemtraceMergeStatus::OkWithWarnings, warning),
+        Ok(Err(f)) => (f.status, f.message),
+        Err(payload) => (
+            MemtraceMergeStatus::InternalError,
+            format!(
+                "internal error: panic in memtrace_merge: {}",
+                panic_message(&*payload)
+            ),
+        ),
+    };
+    copy_message(errbuf, errbuf_len, &message);
+    status
+}
+
+/// A report with only the caller's array fields set.
+fn empty_report(inputs: *mut MemtraceMergeInputReport, capacity: usize) -> MemtraceMergeReport {
+    MemtraceMergeReport {
+        inputs,
+        inputs_capacity: capacity,
+        n_inputs: 0,
+        n_inputs_skipped: 0,
+        n_inputs_thinned: 0,
+        format: 0,
+        reserved: 0,
+        allocs: 0,
+        promotes: 0,
+        collects: 0,
+        remapped_codes: 0,
+        warnings: 0,
+        input_events: 0,
+        input_allocs: 0,
+        samples_read: 0,
+        samples_written: 0,
+        skipped_packets: 0,
+    }
+}
+
+unsafe fn parse_args(
+    inputs: *const *const c_char,
+    n_inputs: usize,
+    output: *const c_char,
+    options: *const MemtraceMergeOptions,
+) -> Result<Args, Failure> {
+    if inputs.is_null() {
+        return Err(bad("memtrace_merge: inputs is NULL"));
+    }
+    if n_inputs == 0 {
+        return Err(bad("memtrace_merge: no inputs (n_inputs is 0)"));
+    }
+    if n_inputs > MEMTRACE_MERGE_MAX_INPUTS {
+        return Err(bad(format!(
+            "memtrace_merge: n_inputs is {n_inputs}, more than the limit {MEMTRACE_MERGE_MAX_INPUTS}"
+        )));
+    }
+    let mut paths = Vec::with_capacity(n_inputs);
+    for i in 0..n_inputs {
+        let p = *inputs.add(i);
+        paths.push(path_arg(p, &format!("inputs[{i}]"))?);
+    }
+    let output = path_arg(output, "output")?;
+    let options = if options.is_null() {
+        default_options()
+    } else {
+        convert_options(&*options)?
+    };
+    if let Some(i) = paths.iter().position(|p| same_file(p, &output)) {
+        return Err(bad(format!(
+            "memtrace_merge: output {} is also input {} (inputs[{i}]): refusing to overwrite an input",
+            output.display(),
+            paths[i].display()
+        )));
+    }
+    Ok(Args {
+        inputs: paths,
+        output,
+        options,
+    })
+}
+
+fn default_options() -> MergeOptions {
+    MergeOptions {
+        progress: false,
+        ..MergeOptions::default()
+    }
+}
+
+unsafe fn convert_options(o: &MemtraceMergeOptions) -> Result<MergeOptions, Failure> {
+    let format = match o.format {
+        MEMTRACE_MERGE_FORMAT_AUTO => None,
+        MEMTRACE_MERGE_FORMAT_V2 => Some(2),
+        MEMTRACE_MERGE_FORMAT_V3 => Some(3),
+        f => {
+            return Err(bad(format!(
+                "memtrace_merge: options->format is {f}, not 0 (auto), 2 or 3"
+            )))
+        }
+    };
+    let rate_mismatch = match o.on_rate_mismatch {
+        MEMTRACE_MERGE_RATE_THIN => RateMismatch::Thin,
+        MEMTRACE_MERGE_RATE_FAIL => RateMismatch::Fail,
+        r => {
+            return Err(bad(format!(
+                "memtrace_merge: options->on_rate_mismatch is {r}, not 0 (thin) or 1 (fail)"
+            )))
+        }
+    };
+    let context = if o.context.is_null() {
+        None
+    } else {
+        Some(CStr::from_ptr(o.context).to_bytes().to_vec())
+    };
+    Ok(MergeOptions {
+        format,
+        rate_mismatch,
+        seed: o.seed,
+        tag_processes: o.tag_processes != 0,
+        skip_bad_inputs: o.skip_bad_inputs != 0,
+        pid: if o.pid == 0 { None } else { Some(o.pid) },
+        context,
+        ..default_options()
+    })
+}
+
+/// A path argument: not NULL, not empty; any other bytes are a path (on Unix).
+unsafe fn path_arg(p: *const c_char, what: &str) -> Result<PathBuf, Failure> {
+    if p.is_null() {
+        return Err(bad(format!("memtrace_merge: {what} is NULL")));
+    }
+    let bytes = CStr::from_ptr(p).to_bytes();
+    if bytes.is_empty() {
+        return Err(bad(format!("memtrace_merge: {what} is an empty string")));
+    }
+    path_of_bytes(bytes).ok_or_else(|| bad(format!("memtrace_merge: {what} is not valid UTF-8")))
+}
+
+#[cfg(unix)]
+fn path_of_bytes(b: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(b)))
+}
+
+#[cfg(not(unix))]
+fn path_of_bytes(b: &[u8]) -> Option<PathBuf> {
+    std::str::from_utf8(b).ok().map(PathBuf::from)
+}
+
+/// Whether two paths name the same file: equal, or (when both exist) the same inode.
+fn same_file(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        #[cfg(unix)]
+        (Ok(ma), Ok(mb)) => {
+            use std::os::unix::fs::MetadataExt;
+            ma.dev() == mb.dev() && ma.ino() == mb.ino()
+        }
+        #[cfg(not(unix))]
+        (Ok(_), Ok(_)) => matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y),
+        _ => false,
+    }
+}
+
+/// The status of a merge error: a usage error is the caller's; an I/O error on the output, its
+/// temporary file or its directory is an output error; anything else is about an input.
+fn classify(e: &Error, inputs: &[PathBuf], output: &Path) -> MemtraceMergeStatus {
+    match e {
+        Error::Usage(_) => MemtraceMergeStatus::BadArguments,
+        Error::Io { path, .. } if is_output_side(path, inputs, output) => {
+            MemtraceMergeStatus::OutputError
+        }
+        Error::Malformed { .. } | Error::Io { .. } | Error::Write(_) | Error::Incompatible(_) => {
+            MemtraceMergeStatus::InputError
+        }
+    }
+}
+
+fn is_output_side(path: &Path, inputs: &[PathBuf], output: &Path) -> bool {
+    let out_dir = dir_of(output);
+    if path == output || path == out_dir {
+        return true;
+    }
+    if inputs.iter().any(|i| i == path) {
+        return false;
+    }
+    if dir_of(path) != out_dir && !same_existing_dir(dir_of(path), out_dir) {
+        return false;
+    }
+    // Beside the output: its temporary file, unless the output sits in an input directory
+    // and the file is not named after the output.
+    let in_input_dir = inputs.iter().any(|i| path.starts_with(i));
+    let named_after_output = match (path.file_name(), output.file_name()) {
+        (Some(p), Some(o)) => p.to_string_lossy().contains(&*o.to_string_lossy()),
+        _ => false,
+    };
+    !in_input_dir || named_after_output
+}
+
+/// The directory of a path ("." for a bare file name).
+fn dir_of(p: &Path) -> &Path {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+fn same_existing_dir(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+fn totals(
+    r: &MergeReport,
+    inputs: *mut MemtraceMergeInputReport,
+    capacity: usize,
+) -> MemtraceMergeReport {
+    let sum = |f: fn(&InputReport) -> u64| r.inputs.iter().map(f).sum::<u64>();
+    MemtraceMergeReport {
+        n_inputs: r.inputs.len() as u64,
+        n_inputs_skipped: r.inputs.iter().filter(|i| i.skipped).count() as u64,
+        n_inputs_thinned: r
+            .inputs
+            .iter()
+            .filter(|i| !i.skipped && i.keep_fraction < 1.0)
+            .count() as u64,
+        format: u32::from(r.format),
+        allocs: r.allocs,
+        promotes: r.promotes,
+        collects: r.collects,
+        remapped_codes: r.remapped_codes,
+        warnings: r.warnings,
+        input_events: sum(|i| i.events),
+        input_allocs: sum(|i| i.allocs),
+        samples_read: sum(|i| i.samples_read),
+        samples_written: sum(|i| i.samples_written),
+        skipped_packets: sum(|i| i.skipped_packets),
+        ..empty_report(inputs, capacity)
+    }
+}
+
+fn input_reports(r: &MergeReport, args: &[PathBuf]) -> Vec<MemtraceMergeInputReport> {
+    let index = arg_indices(&r.inputs, args);
+    r.inputs
+        .iter()
+        .zip(index)
+        .map(|(i, arg_index)| MemtraceMergeInputReport {
+            arg_index,
+            pid: i.pid,
+            format: u32::from(i.format),
+            skipped: c_int::from(i.skipped),
+            sample_rate: i.sample_rate,
+            keep_fraction: i.keep_fraction,
+            events: i.events,
+            allocs: i.allocs,
+            promotes: i.promotes,
+            collects: i.collects,
+            allocs_written: i.allocs_written,
+            samples_read: i.samples_read,
+            samples_written: i.samples_written,
+            skipped_packets: i.skipped_packets,
+            remapped_codes: i.remapped_codes,
+            warnings: i.warnings.len() as u64,
+        })
+        .collect()
+}
+
+/// For each input report, the index of the argument it came from: the argument itself, or
+/// the directory holding it (arguments and reports are in the same order).
+fn arg_indices(reports: &[InputReport], args: &[PathBuf]) -> Vec<usize> {
+    let mut next = 0;
+    let found: Vec<usize> = reports
+        .iter()
+        .map(|r| {
+            let k = (next..args.len())
+                .find(|&k| r.path == args[k] || r.path.parent() == Some(args[k].as_path()));
+            match k {
+                Some(k) => {
+                    next = if r.path == args[k] { k + 1 } else { k };
+                    k
+                }
+                None => MEMTRACE_MERGE_UNKNOWN_ARG,
+            }
+        })
+        .collect();
+    if found.contains(&MEMTRACE_MERGE_UNKNOWN_ARG) && reports.len() == args.len() {
+        return (0..args.len()).collect();
+    }
+    found
+}
+
+/// The first warning of a successful merge, if it had any.
+fn warning_of(r: &MergeReport) -> Option<String> {
+    if let Some((i, w)) = r
+        .inputs
+        .iter()
+        .find_map(|i| i.warnings.first().map(|w| (i, w)))
+    {
+        let path = i.path.display().to_string();
+        return Some(if w.contains(&path) {
+            w.clone()
+        } else {
+            format!("{path}: {w}")
+        });
+    }
+    let skipped = r.inputs.iter().filter(|i| i.skipped).count();
+    if skipped > 0 {
+        return Some(format!("{skipped} input(s) skipped"));
+    }
+    (r.warnings > 0).then(|| format!("{} warning(s)", r.warnings))
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
+    }
+}
+
+/// Copy `msg` into `errbuf` NUL-terminated, cut to fit at a UTF-8 character boundary.
+unsafe fn copy_message(errbuf: *mut c_char, len: usize, msg: &str) {
+    if errbuf.is_null() || len == 0 {
+        return;
+    }
+    let mut n = msg.len().min(len - 1);
+    while !msg.is_char_boundary(n) {
+        n -= 1;
+    }
+    std::ptr::copy_nonoverlapping(msg.as_ptr().cast::<c_char>(), errbuf, n);
+    *errbuf.add(n) = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::ptr::{null, null_mut};
+
+    type Outcome = (MemtraceMergeStatus, String);
+
+    /// Call through `merge_with` with a fake merge that must not be reached.
+    fn call(
+        inputs: &[*const c_char],
+        n: usize,
+        output: *const c_char,
+        options: Option<&MemtraceMergeOptions>,
+    ) -> Outcome {
+        call_with(inputs.as_ptr(), n, output, options, |_, _, _| {
+            panic!("merge reached")
+        })
+    }
+
+    fn call_with<F>(
+        inputs: *const *const c_char,
+        n: usize,
+        output: *const c_char,
+        options: Option<&MemtraceMergeOptions>,
+        f: F,
+    ) -> Outcome
+    where
+        F: FnOnce(&[PathBuf], &Path, &MergeOptions) -> crate::error::Result<MergeReport>,
+    {
+        let mut buf = [0x55 as c_char; 256];
+        let opts = options.map_or(null(), |o| o as *const _);
+        let status = unsafe {
+            merge_with(
+                inputs,
+                n,
+                output,
+                opts,
+                null_mut(),
+                buf.as_mut_ptr(),
+                buf.len(),
+                f,
+            )
+        };
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        (status, msg)
+    }
+
+    fn zero_options() -> MemtraceMergeOptions {
+        MemtraceMergeOptions {
+            format: 0,
+            on_rate_mismatch: 0,
+            seed: 0,
+            tag_processes: 0,
+            skip_bad_inputs: 0,
+            pid: 0,
+            context: null(),
+        }
+    }
+
+    fn assert_bad(o: Outcome, needle: &str) {
+        assert_eq!(o.0, MemtraceMergeStatus::BadArguments, "{}", o.1);
+        assert!(o.1.contains(needle), "message {:?} lacks {:?}", o.1, needle);
+    }
+
+    #[test]
+    fn null_and_empty_arguments_are_bad() {
+        let a = CString::new("a.ctf").unwrap();
+        let out = CString::new("out.ctf").unwrap();
+        let empty = CString::new("").unwrap();
+        let ins = [a.as_ptr()];
+        assert_bad(
+            call_with(null(), 1, out.as_ptr(), None, |_, _, _| panic!()),
+            "inputs is NULL",
+        );
+        assert_bad(call(&ins, 0, out.as_ptr(), None), "no inputs");
+        assert_bad(
+            call(&ins, MEMTRACE_MERGE_MAX_INPUTS + 1, out.as_ptr(), None),
+            "more than the limit",
+        );
+        assert_bad(
+            call(&[a.as_ptr(), null()], 2, out.as_ptr(), None),
+            "inputs[1] is NULL",
+        );
+        assert_bad(
+            call(&[a.as_ptr(), empty.as_ptr()], 2, out.as_ptr(), None),
+            "inputs[1] is an empty string",
+        );
+        assert_bad(call(&ins, 1, null(), None), "output is NULL");
+        assert_bad(
+            call(&ins, 1, empty.as_ptr(), None),
+            "output is an empty string",
+        );
+    }
+
+    #[test]
+    fn out_of_range_options_are_bad() {
+        let a = CString::new("a.ctf").unwrap();
+        let out = CString::new("out.ctf").unwrap();
+        let ins = [a.as_ptr()];
+        for f in [1, 4, u32::MAX] {
+            let o = MemtraceMergeOptions {
+                format: f,
+                ..zero_options()
+            };
+            assert_bad(call(&ins, 1, out.as_ptr(), Some(&o)), "options->format");
+        }
+        for r in [2, 7, u32::MAX] {
+            let o = MemtraceMergeOptions {
+                on_rate_mismatch: r,
+                ..zero_options()
+            };
+            assert_bad(call(&ins, 1, out.as_ptr(), Some(&o)), "on_rate_mismatch");
+        }
+    }
+
+    #[test]
+    fn output_equal_to_an_input_is_bad() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.ctf");
+        std::fs::write(&f, b"data").unwrap();
+        let a = CString::new(f.to_str().unwrap()).unwrap();
+        let same = CString::new(format!("{}/./t.ctf", dir.path().display())).unwrap();
+        let o = call(&[a.as_ptr()], 1, a.as_ptr(), None);
+        assert_bad(o, "refusing to overwrite");
+        let o = call(&[a.as_ptr()], 1, same.as_ptr(), None);
+        assert_bad(o, "refusing to overwrite");
+        assert_eq!(std::fs::read(&f).unwrap(), b"data");
+    }
+
+    #[test]
+    fn options_are_converted() {
+        let a = CString::new("a.ctf").unwrap();
+        let out = CString::new("out.ctf").unwrap();
+        let ctx = CString::new("ctx \u{e9}").unwrap();
+        let o = MemtraceMergeOptions {
+            format: 3,
+            on_rate_mismatch: 1,
+            seed: 42,
+            tag_processes: 7,
+            skip_bad_inputs: 1,
+            pid: 99,
+            context: ctx.as_ptr(),
+        };
+        let (status, msg) = call_with(
+            [a.as_ptr()].as_ptr(),
+            1,
+            out.as_ptr(),
+            Some(&o),
+            |i, out, opts| {
+                assert_eq!(i, [PathBuf::from("a.ctf")]);
+                assert_eq!(out, Path::new("out.ctf"));
+                assert_eq!(opts.format, Some(3));
+                assert_eq!(opts.rate_mismatch, RateMismatch::Fail);
+                assert_eq!(opts.seed, 42);
+                assert!(opts.tag_processes && opts.skip_bad_inputs && !opts.progress);
+                assert_eq!(opts.pid, Some(99));
+                assert_eq!(opts.context.as_deref(), Some("ctx \u{e9}".as_bytes()));
+                Ok(MergeReport::default())
+            },
+        );
+        assert_eq!((status, msg.as_str()), (MemtraceMergeStatus::Ok, ""));
+        let (status, _) = call_with(
+            [a.as_ptr()].as_ptr(),
+            1,
+            out.as_ptr(),
+            None,
+            |_, _, opts| {
+                assert_eq!(
+                    (opts.format, opts.pid, opts.context.as_ref()),
+                    (None, None, None)
+                );
+                assert_eq!(
+                    (opts.rate_mismatch, opts.seed, opts.tag_processes),
+                    (RateMismatch::Thin, 0, false)
+                );
+                Ok(MergeReport::default())
+            },
+        );
+        assert_eq!(status, MemtraceMergeStatus::Ok);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_paths_are_accepted() {
+        use std::os::unix::ffi::OsStrExt;
+        let a = CString::new(b"caf\xe9.ctf".to_vec()).unwrap();
+        let out = CString::new(b"\xff.ctf".to_vec()).unwrap();
+        let (status, _) = call_with([a.as_ptr()].as_ptr(), 1, out.as_ptr(), None, |i, out, _| {
+            assert_eq!(i[0].as_os_str().as_bytes(), b"caf\xe9.ctf");
+            assert_eq!(out.as_os_str().as_bytes(), b"\xff.ctf");
+            Ok(MergeReport::default())
+        });
+        assert_eq!(status, MemtraceMergeStatus::Ok);
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        let ins = vec![PathBuf::from("dir/a.ctf"), PathBuf::from("in")];
+        let io = |p: &str| {
+            Error::io(
+                p,
+                "open",
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        };
+        let c = |e: Error, out: &str| classify(&e, &ins, Path::new(out));
+        use MemtraceMergeStatus::*;
+        assert_eq!(c(io("dir/a.ctf"), "out/o.ctf"), InputError);
+        assert_eq!(c(io("in/x.ctf"), "out/o.ctf"), InputError);
+        assert_eq!(c(io("out/o.ctf"), "out/o.ctf"), OutputError);
+        assert_eq!(c(io("out/.o.ctf.tmp42"), "out/o.ctf"), OutputError);
+        assert_eq!(c(io("out"), "out/o.ctf"), OutputError);
+        assert_eq!(c(io("o.ctf.tmp"), "o.ctf"), OutputError);
+        // Output beside an input: the input is still an input.
+        assert_eq!(c(io("dir/a.ctf"), "dir/o.ctf"), InputError);
+        // Output in an input directory: only files named after it are the output's.
+        assert_eq!(c(io("in/b.ctf"), "in/o.ctf"), InputError);
+        assert_eq!(c(io("in/o.ctf.tmp"), "in/o.ctf"), OutputError);
+        assert_eq!(c(Error::Usage("u".into()), "o"), BadArguments);
+        assert_eq!(c(Error::Incompatible("i".into()), "o"), InputError);
+        assert_eq!(c(Error::Write("w".into()), "o"), InputError);
+        let m = Error::malformed("dir/a.ctf", 4, Some(0), crate::Malformed::BadMagic(0));
+        assert_eq!(c(m, "o"), InputError);
+    }
+
+    #[test]
+    fn merge_errors_give_status_and_message() {
+        let a = CString::new("missing.ctf").unwrap();
+        let out = CString::new("/tmp/out.ctf").unwrap();
+        let (status, msg) = call_with([a.as_ptr()].as_ptr(), 1, out.as_ptr(), None, |_, _, _| {
+            Err(Error::io(
+                "missing.ctf",
+                "open",
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ))
+        });
+        assert_eq!(status, MemtraceMergeStatus::InputError);
+        assert!(msg.starts_with("missing.ctf: open:"), "{msg}");
+    }
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let a = CString::new("a.ctf").unwrap();
+        let out = CString::new("out.ctf").unwrap();
+        let (status, msg) = call_with([a.as_ptr()].as_ptr(), 1, out.as_ptr(), None, |_, _, _| {
+            panic!("boom {}", 42)
+        });
+        assert_eq!(status, MemtraceMergeStatus::InternalError);
+        assert!(msg.contains("boom 42"), "{msg}");
+    }
+
+    fn input(path: &str, allocs: u64, keep: f64, warnings: &[&str]) -> InputReport {
+        InputReport {
+            path: path.into(),
+            pid: 7,
+            format: 2,
+            sample_rate: 1e-4,
+            events: allocs * 2,
+            allocs,
+            allocs_written: allocs,
+            keep_fraction: keep,
+            warnings: warnings.iter().map(|s| s.to_string()).collect(),
+            ..InputReport::default()
+        }
+    }
+
+    #[test]
+    fn report_is_filled() {
+        let names = ["x.ctf", "d", "y.ctf"].map(|s| CString::new(s).unwrap());
+        let ins = names.each_ref().map(|c| c.as_ptr());
+        let out = CString::new("out.ctf").unwrap();
+        let fake = MergeReport {
+            inputs: vec![
+                input("x.ctf", 10, 1.0, &[]),
+                input("d/1.ctf", 20, 0.5, &["d/1.ctf: byte 9: odd"]),
+                input("d/2.ctf", 30, 1.0, &[]),
+                input("y.ctf", 40, 1.0, &["late"]),
+            ],
+            format: 3,
+            allocs: 85,
+            promotes: 5,
+            collects: 6,
+            remapped_codes: 2,
+            warnings: 2,
+            ..MergeReport::default()
+        };
+        let mut per = [MemtraceMergeInputReport::default(); 3];
+        let mut report = empty_report(per.as_mut_ptr(), per.len());
+        report.allocs = 12345;
+        let mut buf = [0 as c_char; 64];
+        let status = unsafe {
+            merge_with(
+                ins.as_ptr(),
+                3,
+                out.as_ptr(),
+                null(),
+                &mut report,
+                buf.as_mut_ptr(),
+                buf.len(),
+                |_, _, _| Ok(fake),
+            )
+        };
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+        assert_eq!(
+            (status, msg),
+            (MemtraceMergeStatus::OkWithWarnings, "d/1.ctf: byte 9: odd")
+        );
+        assert_eq!(
+            (
+                report.n_inputs,
+                report.n_inputs_thinned,
+                report.n_inputs_skipped
+            ),
+            (4, 1, 0)
+        );
+        assert_eq!(
+            (
+                report.format,
+                report.allocs,
+                report.promotes,
+                report.collects
+            ),
+            (3, 85, 5, 6)
+        );
+        assert_eq!(
+            (
+                report.remapped_codes,
+                report.warnings,
+                report.input_allocs,
+                report.input_events
+            ),
+            (2, 2, 100, 200)
+        );
+        assert_eq!(
+            (report.inputs, report.inputs_capacity),
+            (per.as_mut_ptr(), 3)
+        );
+        assert_eq!(per.map(|p| p.arg_index), [0, 1, 1]);
+        assert_eq!(
+            (
+                per[1].allocs,
+                per[1].keep_fraction,
+                per[1].warnings,
+                per[1].pid
+            ),
+            (20, 0.5, 1, 7)
+        );
+        assert_eq!(
+            arg_indices(
+                &fake_inputs(),
+                &[
+                    PathBuf::from("x.ctf"),
+                    PathBuf::from("d"),
+                    PathBuf::from("y.ctf")
+                ]
+            ),
+            [0, 1, 1, 2]
+        );
+    }
+
+    fn fake_inputs() -> Vec<InputReport> {
+        ["x.ctf", "d/1.ctf", "d/2.ctf", "y.ctf"]
+            .iter()
+            .map(|p| input(p, 1, 1.0, &[]))
+            .collect()
+    }
+
+    #[test]
+    fn report_is_zeroed_on_error() {
+        let mut per = [MemtraceMergeInputReport::default(); 1];
+        let mut report = MemtraceMergeReport {
+            allocs: 5,
+            warnings: 3,
+            ..empty_report(per.as_mut_ptr(), 1)
+        };
+        let status =
+            unsafe { memtrace_merge(null(), 1, null(), null(), &mut report, null_mut(), 0) };
+        assert_eq!(status, MemtraceMergeStatus::BadArguments);
+        assert_eq!(
+            (report.allocs, report.warnings, report.inputs_capacity),
+            (0, 0, 1)
+        );
+    }
+
+    #[test]
+    fn messages_are_truncated_and_terminated() {
+        let mut buf = [0x55 as c_char; 8];
+        unsafe { copy_message(buf.as_mut_ptr(), 5, "abcdefgh") };
+        assert_eq!(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(), b"abcd");
+        assert_eq!(buf[5], 0x55);
+        // Cut at a character boundary: "é" is 2 bytes.
+        unsafe { copy_message(buf.as_mut_ptr(), 3, "aé") };
+        assert_eq!(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(), b"a");
+        unsafe { copy_message(buf.as_mut_ptr(), 1, "abc") };
+        assert_eq!(buf[0], 0);
+        unsafe { copy_message(null_mut(), 10, "abc") };
+        buf[0] = 0x55;
+        unsafe { copy_message(buf.as_mut_ptr(), 0, "abc") };
+        assert_eq!(buf[0], 0x55);
+    }
+
+    #[test]
+    fn status_strings_and_version() {
+        for s in 0..=5 {
+            let t = unsafe { CStr::from_ptr(memtrace_merge_status_string(s)) }
+                .to_str()
+                .unwrap();
+            assert!(!t.is_empty() && t != "unknown status");
+        }
+        let ok = unsafe {
+            CStr::from_ptr(memtrace_merge_status_string(
+                MemtraceMergeStatus::OkWithWarnings as c_int,
+            ))
+        };
+        assert!(ok.to_str().unwrap().starts_with("OK_WITH_WARNINGS"));
+        for s in [-1, 6, c_int::MAX] {
+            let t = unsafe { CStr::from_ptr(memtrace_merge_status_string(s)) };
+            assert_eq!(t.to_str().unwrap(), "unknown status");
+        }
+        let v = unsafe { CStr::from_ptr(memtrace_merge_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+}
