@@ -22,7 +22,8 @@ pub const MEMTRACE_MERGE_RATE_FAIL: u32 = 1;
 /// The most inputs one call accepts; more is taken for a caller's bug (BAD_ARGUMENTS).
 pub const MEMTRACE_MERGE_MAX_INPUTS: usize = 1_000_000;
 /// `MemtraceMergeInputReport.arg_index` of an input whose argument could not be told.
-pub const MEMTRACE_MERGE_UNKNOWN_ARG: usize = usize::MAX;
+#[allow(clippy::unnecessary_cast)] // so that cbindgen writes `~(size_t)0` (SIZE_MAX)
+pub const MEMTRACE_MERGE_UNKNOWN_ARG: usize = !(0 as usize);
 
 /// What `memtrace_merge()` did; every value but the first two means nothing was written.
 #[repr(C)]
