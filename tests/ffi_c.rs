@@ -109,9 +109,11 @@ fn c_program_merges_and_reports_errors() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAILED")).collect();
     assert!(
         out.status.success(),
-        "merge_test failed ({}):\n{stdout}",
-        out.status
+        "merge_test failed ({}):\n{}",
+        out.status,
+        failed.join("\n")
     );
 }
