@@ -6,16 +6,21 @@
 
 pub mod backtrace;
 pub mod buf;
+pub mod check;
+pub mod compare;
 pub mod copy;
 pub mod dump;
 pub mod error;
 pub mod ffi;
 pub mod event;
 pub mod info;
+pub mod input;
 pub mod location;
 pub mod packet;
 pub mod merge;
 pub mod reader;
+pub mod summary;
+pub mod thin;
 pub mod writer;
 
 pub use error::{Error, Malformed, Position, Result};

@@ -20,6 +20,69 @@ enum Cmd {
     Dump {
         file: PathBuf,
     },
+    /// Print a trace's header fields and statistics
+    Info {
+        file: PathBuf,
+        /// Machine-readable output (one JSON object)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate traces: exit 0 if all are valid (warnings allowed), 1 if any is invalid, 2 if one cannot be read
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print nothing on success, only the problems on failure
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Merge traces (files or directories of .ctf files) into one trace
+    Merge {
+        /// The merged trace to write (never one of the inputs)
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Output format: 2 (memtrace <= 0.2, today's viewer) or 3 (OCaml 5 domains);
+        /// default: 2 when every input is format 1-2, else 3
+        #[arg(long, value_parser = clap::value_parser!(u16).range(2..=3))]
+        format: Option<u16>,
+        /// Inputs sampled faster than the slowest: thin them (default) or fail
+        #[arg(long, value_enum, default_value_t = RateArg::Thin)]
+        rate_mismatch: RateArg,
+        /// Seed of the random thinning
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Give every backtrace a root frame naming its process
+        #[arg(long)]
+        tag_processes: bool,
+        /// Leave out unreadable inputs (with a warning) instead of failing
+        #[arg(long)]
+        skip_bad_inputs: bool,
+        /// pid recorded in the merged trace (default: the first input's)
+        #[arg(long)]
+        pid: Option<u64>,
+        /// context string of the merged trace
+        #[arg(long)]
+        context: Option<String>,
+        /// No progress line and no per-input summary
+        #[arg(short, long)]
+        quiet: bool,
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+    },
+    /// Check that a merged trace holds exactly the sources' allocations (time, kind,
+    /// samples, length, resolved backtrace, promote and collect times)
+    Compare {
+        /// The merged trace
+        merged: PathBuf,
+        /// The source traces
+        #[arg(required = true)]
+        sources: Vec<PathBuf>,
+        /// Ignore sample counts (for thinned merges)
+        #[arg(long)]
+        ignore_nsamples: bool,
+        /// Drop this many root frames of merged backtraces (for --tag-processes)
+        #[arg(long, default_value_t = 0)]
+        strip_root_frames: usize,
+    },
     /// Re-encode a trace in file order (byte-identical when the format is kept)
     Copy {
         input: PathBuf,
@@ -28,6 +91,12 @@ enum Cmd {
         #[arg(long)]
         format: Option<u16>,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RateArg {
+    Thin,
+    Fail,
 }
 
 fn main() -> ExitCode {
@@ -43,6 +112,21 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
     match cli.cmd {
+        Cmd::Info { file, json } => {
+            let s = memtrace_merge::summary::summarize_file(&file)?;
+            if json {
+                print!("{}", s.to_json());
+            } else {
+                print!("{s}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check { files, quiet } => {
+            let mut out = std::io::stdout().lock();
+            let code = memtrace_merge::check::run_check(&files, quiet, &mut out)
+                .map_err(|e| memtrace_merge::Error::io("<stdout>", "write", e))?;
+            Ok(ExitCode::from(code))
+        }
         Cmd::Dump { file } => {
             let mut r = Reader::open(&file)?;
             let stdout = std::io::stdout();
@@ -51,6 +135,42 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             let _ = out.flush();
             res?;
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Merge { output, format, rate_mismatch, seed, tag_processes, skip_bad_inputs, pid, context, quiet, inputs } => {
+            let opts = memtrace_merge::merge::MergeOptions {
+                format,
+                rate_mismatch: match rate_mismatch {
+                    RateArg::Thin => memtrace_merge::merge::RateMismatch::Thin,
+                    RateArg::Fail => memtrace_merge::merge::RateMismatch::Fail,
+                },
+                seed,
+                tag_processes,
+                skip_bad_inputs,
+                pid,
+                context: context.map(String::into_bytes),
+                progress: !quiet,
+            };
+            let report = memtrace_merge::merge::merge(&inputs, &output, &opts)?;
+            if !quiet {
+                eprint!("{}", memtrace_merge::merge::format_report(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Compare { merged, sources, ignore_nsamples, strip_root_frames } => {
+            let sources = memtrace_merge::merge::expand_inputs(&sources)?;
+            let opts = memtrace_merge::compare::CompareOptions { ignore_nsamples, strip_root_frames };
+            let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
+            println!(
+                "sources: {} allocs, {} samples; merged: {} allocs, {} samples; missing {}, extra {}: {}",
+                r.source_allocs,
+                r.source_samples,
+                r.merged_allocs,
+                r.merged_samples,
+                r.missing,
+                r.extra,
+                if r.equal() { "equal" } else { "DIFFERENT" }
+            );
+            Ok(if r.equal() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Cmd::Copy { input, output, format } => {
             let mut r = Reader::open(&input)?;

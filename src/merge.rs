@@ -2,7 +2,20 @@
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
 use crate::error::{Error, Result};
+use crate::event::{AllocSource, DomainId, Event, LocationCode, ObjId, Timestamp};
+use crate::info::TraceInfo;
+use crate::input::{FilePool, LazyFile};
+use crate::location::{IntMap, Location, LocationList};
+use crate::reader::{scan_domains, Reader};
+use crate::thin::Thinner;
+use crate::writer::{Writer, WriterOptions};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What to do when inputs were sampled at different rates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,9 +87,590 @@ pub struct MergeReport {
     pub warnings: u64,
 }
 
+/// Expand directories into their `*.ctf` files (sorted by name); files are kept as given.
+pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.as_os_str().is_empty() {
+            return Err(Error::Usage("empty input path".into()));
+        }
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| Error::io(p, "read directory", e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|q| q.extension().is_some_and(|x| x == "ctf") && q.is_file())
+                .collect();
+            v.sort();
+            if v.is_empty() {
+                return Err(Error::Usage(format!("{}: directory has no .ctf files", p.display())));
+            }
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The canonical form of a path that may not exist yet (its directory must).
+fn canonical_maybe_new(p: &Path) -> Option<PathBuf> {
+    if let Ok(c) = p.canonicalize() {
+        return Some(c);
+    }
+    let name = p.file_name()?;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(dir.canonicalize().ok()?.join(name))
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => match (canonical_maybe_new(a), canonical_maybe_new(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        },
+    }
+}
+
+/// The output file under construction: a temporary beside the target, removed unless
+/// committed (renamed onto the target) at the end.
+struct TempOutput {
+    tmp: PathBuf,
+    target: PathBuf,
+    committed: bool,
+}
+
+impl TempOutput {
+    fn create(target: &Path) -> Result<(TempOutput, File)> {
+        let name = target
+            .file_name()
+            .ok_or_else(|| Error::Usage(format!("{}: output is not a file name", target.display())))?;
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if target.is_dir() {
+            return Err(Error::Usage(format!("{}: output is a directory", target.display())));
+        }
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        for attempt in 0..100u32 {
+            let tmp = dir.join(format!(".{}.tmp-{}-{}-{}", name.to_string_lossy(), std::process::id(), nanos, attempt));
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
+                Ok(f) => return Ok((TempOutput { tmp, target: target.to_path_buf(), committed: false }, f)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io(&tmp, "create output", e)),
+            }
+        }
+        Err(Error::Usage(format!("{}: cannot create a temporary file beside it", target.display())))
+    }
+
+    fn commit(mut self, f: File) -> Result<()> {
+        f.sync_all().map_err(|e| Error::io(&self.tmp, "sync output", e))?;
+        drop(f);
+        std::fs::rename(&self.tmp, &self.target).map_err(|e| Error::io(&self.target, "rename output", e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempOutput {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Merged location codes: a code keeps its value while every input agrees on its
+/// locations; each further meaning gets a fresh code from the top of the 63-bit range.
+#[derive(Default)]
+struct Codes {
+    meanings: IntMap<LocationCode, LocationList>,
+    alternatives: HashMap<(LocationCode, LocationList), LocationCode>,
+    next_fresh: u64,
+}
+
+impl Codes {
+    const FRESH_TOP: u64 = (1 << 62) - 1;
+
+    fn fresh(&mut self) -> LocationCode {
+        loop {
+            let c = LocationCode(Self::FRESH_TOP - self.next_fresh);
+            self.next_fresh += 1;
+            if !self.meanings.contains_key(&c) {
+                return c;
+            }
+        }
+    }
+
+    /// The merged code for `code` meaning `locs`; true when it had to be remapped.
+    fn map(&mut self, code: LocationCode, locs: &LocationList) -> (LocationCode, bool) {
+        match self.meanings.get(&code) {
+            None => {
+                self.meanings.insert(code, locs.clone());
+                (code, false)
+            }
+            Some(l) if l == locs => (code, false),
+            Some(_) => {
+                if let Some(&c) = self.alternatives.get(&(code, locs.clone())) {
+                    return (c, true);
+                }
+                let c = self.fresh();
+                self.meanings.insert(c, locs.clone());
+                self.alternatives.insert((code, locs.clone()), c);
+                (c, true)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum PendKind {
+    Alloc { id: u64, length: u64, nsamples: u64, source: AllocSource },
+    Promote { id: u64 },
+    Collect { id: u64 },
+}
+
+/// One stream being merged: an input's domain (formats 1-2: the whole input).
+struct Stream {
+    input: usize,
+    out_domain: DomainId,
+    reader: Reader<LazyFile>,
+    time: u64,
+    pend: Option<PendKind>,
+    /// The pending allocation's backtrace, in merged codes (tag frame first if any).
+    bt: Vec<LocationCode>,
+}
+
+struct InputState {
+    report: InputReport,
+    code_map: IntMap<LocationCode, LocationCode>,
+    /// Source object id → merged id (DROPPED when thinned away); only live objects.
+    live: IntMap<u64, u64>,
+    thinner: Option<Thinner>,
+    tag: Option<LocationCode>,
+    seen_warnings: HashSet<String>,
+}
+
+const DROPPED: u64 = u64::MAX;
+
+fn warn_input(st: &mut InputState, msg: String) {
+    if st.seen_warnings.len() < 1000 && st.seen_warnings.insert(msg.clone()) {
+        st.report.warnings.push(msg);
+    }
+}
+
+/// Read the next event of a stream into its pending slot (mapping codes as it goes).
+fn advance(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
+    s.pend = None;
+    loop {
+        let r = s.reader.next_with_locations();
+        let (ev, table) = match r {
+            Ok(Some(x)) => x,
+            Ok(None) => break,
+            Err(e) => {
+                warn_input(st, format!("stopped reading after an error: {e}"));
+                break;
+            }
+        };
+        s.time = ev.time().0;
+        match ev {
+            Event::Alloc(a) => {
+                s.bt.clear();
+                if let Some(t) = st.tag {
+                    s.bt.push(t);
+                }
+                let mut bad = None;
+                for &c in a.backtrace {
+                    let m = match st.code_map.get(&c) {
+                        Some(&m) => m,
+                        None => match table.get(&c) {
+                            Some(locs) => {
+                                let (m, remapped) = codes.map(c, locs);
+                                if remapped {
+                                    st.report.remapped_codes += 1;
+                                }
+                                st.code_map.insert(c, m);
+                                m
+                            }
+                            None => {
+                                bad = Some(c);
+                                break;
+                            }
+                        },
+                    };
+                    s.bt.push(m);
+                }
+                if let Some(c) = bad {
+                    let at = s.reader.position();
+                    warn_input(st, format!("{at}: location code {:#x} used but never defined; input stops here", c.0));
+                    break;
+                }
+                s.pend = Some(PendKind::Alloc { id: a.id.0, length: a.length, nsamples: a.nsamples, source: a.source });
+            }
+            Event::Promote { id, .. } => s.pend = Some(PendKind::Promote { id: id.0 }),
+            Event::Collect { id, .. } => s.pend = Some(PendKind::Collect { id: id.0 }),
+        }
+        break;
+    }
+    for w in s.reader.take_warnings() {
+        warn_input(st, w.to_string());
+    }
+    if s.pend.is_none() {
+        let st_r = s.reader.stats();
+        st.report.skipped_packets += st_r.skipped_packets;
+        s.reader.get_ref().close();
+    }
+}
+
+fn describe_merge(infos: &[(PathBuf, TraceInfo)]) -> Vec<u8> {
+    let mut s = format!("memtrace-merge of {} traces:", infos.len());
+    for (p, i) in infos {
+        let exe = String::from_utf8_lossy(&i.executable_name);
+        let exe = exe.rsplit('/').next().unwrap_or("");
+        s.push_str(&format!(
+            " {} (pid {}, {}, rate {}{});",
+            p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            i.pid,
+            exe,
+            i.sample_rate,
+            match &i.context {
+                Some(c) => format!(", \"{}\"", String::from_utf8_lossy(c)),
+                None => String::new(),
+            }
+        ));
+        if s.len() > 4000 {
+            s.truncate(3990);
+            s.push_str(" ...");
+            break;
+        }
+    }
+    s.into_bytes().into_iter().filter(|&b| b != 0).collect()
+}
+
 /// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
 /// `output`, written to a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
-    let _ = (inputs, output, opts);
-    Err(Error::Usage("merge: not implemented yet".into()))
+    if inputs.is_empty() {
+        return Err(Error::Usage("no input traces".into()));
+    }
+    if output.as_os_str().is_empty() {
+        return Err(Error::Usage("empty output path".into()));
+    }
+    if let Some(f) = opts.format {
+        if !(2..=3).contains(&f) {
+            return Err(Error::Usage(format!("output format must be 2 or 3, not {f}")));
+        }
+    }
+    let paths = expand_inputs(inputs)?;
+    for p in &paths {
+        if same_file(p, output) {
+            return Err(Error::Usage(format!(
+                "output {} is one of the inputs ({}); refusing to overwrite it",
+                output.display(),
+                p.display()
+            )));
+        }
+    }
+    let pool = FilePool::from_rlimit();
+    // Open every input: read its info packet and find its domains.
+    let mut opened: Vec<(PathBuf, TraceInfo, Vec<u16>)> = Vec::new();
+    let mut reports = Vec::new();
+    let mut early_warnings = 0u64;
+    for p in &paths {
+        let res = (|| -> Result<(TraceInfo, Vec<u16>)> {
+            let f = pool.open(p).map_err(|e| Error::io(p, "open", e))?;
+            let r = Reader::new(f, &p.display().to_string())?;
+            let info = r.info().clone();
+            let domains = if info.version >= 3 { scan_domains(p)? } else { vec![0] };
+            Ok((info, domains))
+        })();
+        match res {
+            Ok((info, d)) => opened.push((p.clone(), info, d)),
+            Err(e) if opts.skip_bad_inputs => {
+                early_warnings += 1;
+                reports.push(InputReport {
+                    path: p.clone(),
+                    skipped: true,
+                    keep_fraction: 0.0,
+                    warnings: vec![format!("skipped unreadable input: {e}")],
+                    ..Default::default()
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if opened.is_empty() {
+        return Err(Error::Usage("no readable input traces".into()));
+    }
+    let word = opened[0].1.word_size;
+    if let Some((p, i, _)) = opened.iter().find(|(_, i, _)| i.word_size != word) {
+        return Err(Error::Incompatible(format!(
+            "{}: word size {} differs from {}'s {}",
+            p.display(),
+            i.word_size,
+            opened[0].0.display(),
+            word
+        )));
+    }
+    let min_rate = opened.iter().map(|(_, i, _)| i.sample_rate).fold(f64::INFINITY, f64::min);
+    if opts.rate_mismatch == RateMismatch::Fail {
+        if let Some((p, i, _)) = opened.iter().find(|(_, i, _)| i.sample_rate != min_rate) {
+            return Err(Error::Incompatible(format!(
+                "sampling rates differ: {} has {}, the slowest input has {} (use rate-mismatch thin)",
+                p.display(),
+                i.sample_rate,
+                min_rate
+            )));
+        }
+    }
+    let single = opened.len() == 1;
+    let format = opts.format.unwrap_or_else(|| if opened.iter().all(|(_, i, _)| i.version <= 2) { 2 } else { 3 });
+    let first = &opened[0].1;
+    let mut info = first.clone();
+    info.start_time = Timestamp(opened.iter().map(|(_, i, _)| i.start_time.0).min().unwrap_or(0));
+    info.sample_rate = min_rate;
+    info.pid = opts.pid.unwrap_or(first.pid);
+    info.version = format;
+    info.context = match &opts.context {
+        Some(c) => Some(c.iter().copied().filter(|&b| b != 0).collect()),
+        None if single => first.context.clone(),
+        None => {
+            let v: Vec<(PathBuf, TraceInfo)> = opened.iter().map(|(p, i, _)| (p.clone(), i.clone())).collect();
+            Some(describe_merge(&v))
+        }
+    };
+    if format < 3 || !single {
+        info.initial_domain = DomainId(0);
+    }
+
+    // Per-input state and streams.
+    let mut codes = Codes::default();
+    let mut states = Vec::new();
+    let mut streams = Vec::new();
+    let mut next_domain = 0u16;
+    for (k, (p, i, domains)) in opened.iter().enumerate() {
+        let p_keep = if i.sample_rate > min_rate { min_rate / i.sample_rate } else { 1.0 };
+        let mut st = InputState {
+            report: InputReport {
+                path: p.clone(),
+                pid: i.pid,
+                format: i.version,
+                sample_rate: i.sample_rate,
+                keep_fraction: 1.0,
+                ..Default::default()
+            },
+            code_map: IntMap::default(),
+            live: IntMap::default(),
+            thinner: None,
+            tag: None,
+            seen_warnings: HashSet::new(),
+        };
+        if p_keep < 1.0 {
+            st.thinner = Some(Thinner::new(p_keep, opts.seed, k as u64));
+            warn_input(
+                &mut st,
+                format!("sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}", i.sample_rate, min_rate, p_keep),
+            );
+        }
+        if opts.tag_processes {
+            let exe = String::from_utf8_lossy(&i.executable_name);
+            let exe = exe.rsplit('/').next().unwrap_or("").to_string();
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let loc = Location {
+                filename: Arc::from(name.as_bytes()),
+                line: 1,
+                start_char: 0,
+                end_char: 0,
+                defname: Arc::from(format!("pid {} {}", i.pid, exe).as_bytes()),
+            };
+            let list: LocationList = Arc::from(vec![loc]);
+            let c = codes.fresh();
+            codes.meanings.insert(c, list);
+            st.tag = Some(c);
+        }
+        for &d in domains {
+            let f = pool.open(p).map_err(|e| Error::io(p, "open", e))?;
+            let mut r = Reader::new(f, &p.display().to_string())?;
+            if i.version >= 3 {
+                r.set_domain_filter(Some(d));
+            }
+            let out_domain = if format < 3 {
+                DomainId(0)
+            } else if single {
+                DomainId(d)
+            } else {
+                next_domain = next_domain.checked_add(1).ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
+                DomainId(next_domain - 1)
+            };
+            streams.push(Stream { input: k, out_domain, reader: r, time: 0, pend: None, bt: Vec::new() });
+        }
+        states.push(st);
+    }
+
+    let (tmp, file) = TempOutput::create(output)?;
+    let out = BufWriter::with_capacity(1 << 20, file);
+    let mut w = Writer::new(out, &info, WriterOptions { version: format, lossless: true })?;
+    if !single {
+        w.set_flush_on_domain_switch(false);
+    }
+
+    let total_bytes: u64 = opened.iter().map(|(p, _, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let show_progress = opts.progress && std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut last_progress = started;
+    let mut heap = BinaryHeap::new();
+    for (i, s) in streams.iter_mut().enumerate() {
+        advance(s, &mut states[s.input], &mut codes);
+        if s.pend.is_some() {
+            heap.push(Reverse((s.time, i)));
+        }
+    }
+    let mut nevents = 0u64;
+    while let Some(Reverse((_, i))) = heap.pop() {
+        let s = &mut streams[i];
+        let st = &mut states[s.input];
+        let time = Timestamp(s.time);
+        let dom = s.out_domain;
+        match s.pend.take() {
+            Some(PendKind::Alloc { id, length, nsamples, source }) => {
+                st.report.allocs += 1;
+                st.report.samples_read += nsamples;
+                let n = match &mut st.thinner {
+                    Some(t) => t.keep(nsamples),
+                    None => nsamples,
+                };
+                if n == 0 {
+                    st.live.insert(id, DROPPED);
+                } else {
+                    let meanings = &codes.meanings;
+                    let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| meanings.get(&c).cloned())?;
+                    st.live.insert(id, out_id.0);
+                    st.report.allocs_written += 1;
+                    st.report.samples_written += n;
+                }
+            }
+            Some(PendKind::Promote { id }) => {
+                st.report.promotes += 1;
+                match st.live.get(&id) {
+                    Some(&DROPPED) => {}
+                    Some(&o) => w.put_promote(time, dom, ObjId(o))?,
+                    None => warn_input(st, format!("promote of object {id} that is not live; left out")),
+                }
+            }
+            Some(PendKind::Collect { id }) => {
+                st.report.collects += 1;
+                match st.live.remove(&id) {
+                    Some(DROPPED) => {}
+                    Some(o) => w.put_collect(time, dom, ObjId(o))?,
+                    None => warn_input(st, format!("collect of object {id} that is not live; left out")),
+                }
+            }
+            None => {}
+        }
+        advance(s, st, &mut codes);
+        if s.pend.is_some() {
+            heap.push(Reverse((s.time, i)));
+        }
+        nevents += 1;
+        if show_progress && nevents % 65536 == 0 {
+            let now = Instant::now();
+            if now.duration_since(started) > Duration::from_secs(1) && now.duration_since(last_progress) > Duration::from_millis(250) {
+                last_progress = now;
+                let done: u64 = streams.iter().map(|s| s.reader.stats().bytes).sum::<u64>() / opened.iter().map(|(_, _, d)| d.len() as u64).max().unwrap_or(1).max(1);
+                eprint!(
+                    "\rmemtrace-merge: {} events, {:.0}%   ",
+                    nevents,
+                    100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
+                );
+            }
+        }
+    }
+    if show_progress && started.elapsed() > Duration::from_secs(1) {
+        eprintln!();
+    }
+    let wstats = w.stats().clone();
+    let out = w.finish()?;
+    let file = out.into_inner().map_err(|e| Error::io(output, "write output", e.into_error()))?;
+    tmp.commit(file)?;
+
+    let mut report = MergeReport {
+        output: output.to_path_buf(),
+        format,
+        allocs: wstats.allocs,
+        promotes: wstats.promotes,
+        collects: wstats.collects,
+        ..Default::default()
+    };
+    // Reports in the order of the inputs as given (skipped ones included).
+    let mut by_path: Vec<InputReport> = states
+        .into_iter()
+        .map(|mut st| {
+            st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
+            if st.thinner.is_some() {
+                st.report.keep_fraction =
+                    if st.report.samples_read == 0 { 1.0 } else { st.report.samples_written as f64 / st.report.samples_read as f64 };
+                let msg = format!(
+                    "thinned: kept {} of {} samples ({:.4}%), {} of {} allocations",
+                    st.report.samples_written,
+                    st.report.samples_read,
+                    100.0 * st.report.keep_fraction,
+                    st.report.allocs_written,
+                    st.report.allocs
+                );
+                st.report.warnings.push(msg);
+            }
+            st.report
+        })
+        .collect();
+    by_path.extend(reports);
+    let order: HashMap<&PathBuf, usize> = paths.iter().enumerate().map(|(i, p)| (p, i)).collect();
+    by_path.sort_by_key(|r| order.get(&r.path).copied().unwrap_or(usize::MAX));
+    report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
+    report.warnings = early_warnings + by_path.iter().filter(|r| !r.skipped).map(|r| r.warnings.len() as u64).sum::<u64>();
+    report.inputs = by_path;
+    Ok(report)
+}
+
+/// A person-readable summary of a merge: one line per input, then the totals.
+pub fn format_report(r: &MergeReport) -> String {
+    let mut s = String::new();
+    for i in &r.inputs {
+        if i.skipped {
+            s.push_str(&format!("{}: skipped\n", i.path.display()));
+        } else {
+            s.push_str(&format!(
+                "{}: pid {}, format {}, rate {}: {} events ({} allocs, {} promotes, {} collects); {} allocs written{}{}{}\n",
+                i.path.display(),
+                i.pid,
+                i.format,
+                i.sample_rate,
+                i.events,
+                i.allocs,
+                i.promotes,
+                i.collects,
+                i.allocs_written,
+                if i.skipped_packets > 0 { format!(", {} packets skipped", i.skipped_packets) } else { String::new() },
+                if i.remapped_codes > 0 { format!(", {} location codes remapped", i.remapped_codes) } else { String::new() },
+                if i.keep_fraction < 1.0 { format!(", thinned to {:.4}% of samples", 100.0 * i.keep_fraction) } else { String::new() },
+            ));
+        }
+        for w in &i.warnings {
+            s.push_str(&format!("  warning: {w}\n"));
+        }
+    }
+    s.push_str(&format!(
+        "{}: format {}, {} allocs, {} promotes, {} collects{}\n",
+        r.output.display(),
+        r.format,
+        r.allocs,
+        r.promotes,
+        r.collects,
+        if r.remapped_codes > 0 { format!(", {} location codes remapped", r.remapped_codes) } else { String::new() }
+    ));
+    s
 }

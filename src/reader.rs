@@ -75,6 +75,7 @@ pub struct Reader<R> {
     last_time: u64,
     locations: LocationTable,
     parse_backtraces: bool,
+    only_domain: Option<u16>,
     in_packet: bool,
     done: bool,
     warnings: Vec<Warning>,
@@ -126,6 +127,7 @@ impl<R: Read> Reader<R> {
             last_time: 0,
             locations: LocationTable::default(),
             parse_backtraces: true,
+            only_domain: None,
             in_packet: false,
             done: false,
             warnings: Vec::new(),
@@ -140,6 +142,17 @@ impl<R: Read> Reader<R> {
     /// per-packet cache verifier is not checked).
     pub fn set_parse_backtraces(&mut self, yes: bool) {
         self.parse_backtraces = yes;
+    }
+
+    /// The input this reader reads from.
+    pub fn get_ref(&self) -> &R {
+        &self.src
+    }
+
+    /// Read only the events of one domain (format 3): other domains' packets are passed
+    /// over silently (each domain's stream is self-contained).
+    pub fn set_domain_filter(&mut self, domain: Option<u16>) {
+        self.only_domain = domain;
     }
 
     pub fn info(&self) -> &TraceInfo {
@@ -343,6 +356,13 @@ impl<R: Read> Reader<R> {
             self.pkt_end = self.start + size;
             self.header = h;
             let v3 = h.version >= 3;
+            if let Some(d) = self.only_domain {
+                if h.domain != d {
+                    self.start = self.pkt_end;
+                    self.packet_index += 1;
+                    continue;
+                }
+            }
             let skip = if h.pid != self.info.pid {
                 Some(format!("skipping bad packet (wrong pid: {}, but tracing {})", h.pid, self.info.pid))
             } else if !v3 && (self.last_time > h.time_begin || self.alloc_id != h.alloc_id_begin) {
@@ -585,4 +605,42 @@ fn read_event_body(
             Ok(Some(if is_promote { Pending::Promote { time, id } } else { Pending::Collect { time, id } }))
         }
     }
+}
+
+/// The domains of a trace, in order of first appearance, from its packet headers alone
+/// (formats 1-2: just domain 0). Stops quietly at the first damaged header.
+pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
+    let mut off = 0u64;
+    let mut domains = Vec::new();
+    let mut hdr = [0u8; 68];
+    let mut first = true;
+    while off < len {
+        f.seek(SeekFrom::Start(off)).map_err(|e| Error::io(path, "seek", e))?;
+        let n = (len - off).min(68) as usize;
+        if f.read_exact(&mut hdr[..n]).is_err() {
+            break;
+        }
+        let h = match PacketHeader::parse(&mut Cursor::new(&hdr[..n])) {
+            Ok(h) => h,
+            Err(_) => break,
+        };
+        if first && h.version < 3 {
+            return Ok(vec![0]);
+        }
+        if !first && !domains.contains(&h.domain) {
+            domains.push(h.domain);
+        }
+        if first {
+            domains.push(h.domain);
+        }
+        first = false;
+        off += h.size;
+    }
+    if domains.is_empty() {
+        domains.push(0);
+    }
+    Ok(domains)
 }

@@ -70,6 +70,7 @@ pub struct Writer<W: Write> {
     pid: u64,
     start_time: u64,
     lossless: bool,
+    switch_flush: bool,
     streams: Vec<Stream>,
     stream_of: IntMap<u16, usize>,
     last: usize,
@@ -93,6 +94,7 @@ impl<W: Write> Writer<W> {
             pid: info.pid,
             start_time: info.start_time.0,
             lossless: opts.lossless,
+            switch_flush: true,
             streams: Vec::new(),
             stream_of: IntMap::default(),
             last: 0,
@@ -112,6 +114,13 @@ impl<W: Write> Writer<W> {
         w.streams.push(s);
         w.stream_of.insert(domain, 0);
         Ok(w)
+    }
+
+    /// Format 3: whether switching domains flushes the previous domain's packet, as the
+    /// reference's multiplexed writer does (default). Without it, each domain keeps its
+    /// packet open until full, so interleaved domains still make full packets.
+    pub fn set_flush_on_domain_switch(&mut self, yes: bool) {
+        self.switch_flush = yes;
     }
 
     pub fn stats(&self) -> &WriteStats {
@@ -163,8 +172,10 @@ impl<W: Write> Writer<W> {
         if self.version < 3 {
             return Err(Error::Write(format!("format 2 has no domains (event of domain {})", domain.0)));
         }
-        let now = self.streams[cur].time_end;
-        self.flush_at(cur, now)?;
+        if self.switch_flush {
+            let now = self.streams[cur].time_end;
+            self.flush_at(cur, now)?;
+        }
         let i = match self.stream_of.get(&domain.0) {
             Some(&i) => i,
             None => {
@@ -391,9 +402,16 @@ impl<W: Write> Writer<W> {
     /// Flush the current domain's packet (as the reference's `flush`/`close`) and hand back
     /// the output.
     pub fn finish(mut self) -> Result<W> {
-        let si = self.last;
-        let now = self.streams[si].time_end;
-        self.flush_at(si, now)?;
+        if self.switch_flush {
+            let si = self.last;
+            let now = self.streams[si].time_end;
+            self.flush_at(si, now)?;
+        } else {
+            for si in 0..self.streams.len() {
+                let now = self.streams[si].time_end;
+                self.flush_at(si, now)?;
+            }
+        }
         self.out.flush().map_err(|e| Error::io("<output>", "flush", e))?;
         Ok(self.out)
     }

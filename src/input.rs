@@ -1,0 +1,159 @@
+//! Input files opened lazily under a shared budget of open descriptors, so a merge of
+//! thousands of traces works under a small `ulimit -n` (least recently read is closed first).
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+struct Slot {
+    file: Option<File>,
+    offset: u64,
+    last_use: u64,
+}
+
+struct Pool {
+    limit: usize,
+    open: usize,
+    clock: u64,
+    slots: Vec<Rc<RefCell<Slot>>>,
+    peak_open: usize,
+}
+
+/// A shared budget of open files.
+#[derive(Clone)]
+pub struct FilePool(Rc<RefCell<Pool>>);
+
+impl FilePool {
+    /// At most `limit` files open at once (at least 1).
+    pub fn new(limit: usize) -> Self {
+        FilePool(Rc::new(RefCell::new(Pool { limit: limit.max(1), open: 0, clock: 0, slots: Vec::new(), peak_open: 0 })))
+    }
+
+    /// A budget derived from the process's soft `RLIMIT_NOFILE`: half of it, leaving room
+    /// for the host program's own descriptors (at least 4, at most 512).
+    pub fn from_rlimit() -> Self {
+        FilePool::new((open_files_limit() / 2).clamp(4, 512))
+    }
+
+    /// Most files ever open at once through this pool.
+    pub fn peak_open(&self) -> usize {
+        self.0.borrow().peak_open
+    }
+
+    /// A file to be opened on first read (checked for existence now).
+    pub fn open(&self, path: &Path) -> io::Result<LazyFile> {
+        std::fs::metadata(path)?;
+        let slot = Rc::new(RefCell::new(Slot { file: None, offset: 0, last_use: 0 }));
+        self.0.borrow_mut().slots.push(slot.clone());
+        Ok(LazyFile { path: path.to_path_buf(), slot, pool: self.clone() })
+    }
+}
+
+/// The soft limit on open files, read from /proc/self/limits (1024 when unknown).
+pub fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+/// A file that holds a descriptor only while the pool allows it; reopened and re-seeked on
+/// demand.
+pub struct LazyFile {
+    path: PathBuf,
+    slot: Rc<RefCell<Slot>>,
+    pool: FilePool,
+}
+
+impl LazyFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// Let go of the descriptor (e.g. at the end of the input).
+    pub fn close(&self) {
+        let mut s = self.slot.borrow_mut();
+        if s.file.take().is_some() {
+            self.pool.0.borrow_mut().open -= 1;
+        }
+    }
+}
+
+impl Read for LazyFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut pool = self.pool.0.borrow_mut();
+        pool.clock += 1;
+        let now = pool.clock;
+        if self.slot.borrow().file.is_none() {
+            if pool.open >= pool.limit {
+                // close the least recently read
+                let victim = pool
+                    .slots
+                    .iter()
+                    .filter(|s| !Rc::ptr_eq(s, &self.slot) && s.borrow().file.is_some())
+                    .min_by_key(|s| s.borrow().last_use)
+                    .cloned();
+                if let Some(v) = victim {
+                    v.borrow_mut().file = None;
+                    pool.open -= 1;
+                }
+            }
+            let mut f = File::open(&self.path)?;
+            let off = self.slot.borrow().offset;
+            f.seek(SeekFrom::Start(off))?;
+            self.slot.borrow_mut().file = Some(f);
+            pool.open += 1;
+            pool.peak_open = pool.peak_open.max(pool.open);
+        }
+        drop(pool);
+        let mut s = self.slot.borrow_mut();
+        s.last_use = now;
+        let n = s.file.as_mut().expect("opened above").read(buf)?;
+        s.offset += n as u64;
+        Ok(n)
+    }
+}
+
+impl Drop for LazyFile {
+    fn drop(&mut self) {
+        self.close();
+        let mut pool = self.pool.0.borrow_mut();
+        pool.slots.retain(|s| !Rc::ptr_eq(s, &self.slot));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn many_files_under_a_small_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = FilePool::new(3);
+        let mut files = Vec::new();
+        for i in 0..20u8 {
+            let p = dir.path().join(format!("f{i}"));
+            std::fs::File::create(&p).unwrap().write_all(&[i; 100]).unwrap();
+            files.push(pool.open(&p).unwrap());
+        }
+        // read interleaved, 10 bytes at a time
+        let mut got = vec![Vec::new(); 20];
+        for _ in 0..10 {
+            for (i, f) in files.iter_mut().enumerate() {
+                let mut b = [0u8; 10];
+                f.read_exact(&mut b).unwrap();
+                got[i].extend_from_slice(&b);
+            }
+        }
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g, &vec![i as u8; 100]);
+        }
+        assert!(pool.peak_open() <= 3);
+    }
+}
