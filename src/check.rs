@@ -1,19 +1,5 @@
 //! Trace validation for the `check` command: everything the reference reader checks, plus
 //! location codes resolving and object lifecycles, streaming (only the live-object set grows).
-//!
-//! A trace is **valid** when it reads to the end without a reader error, every backtrace code
-//! was defined by an earlier location event, and every promote/collect names a live object
-//! (allocated earlier in the file, not collected yet; promoted at most once). Reader
-//! *warnings* (skipped packets: wrong pid, out of sequence, truncated body or header) do not
-//! make a trace invalid: like the reference reader, whose validator says `ok` for
-//! `truncated.ctf` and the spliced `synthetic/` traces, we read on and report them.
-//!
-//! Deliberate difference: a file cut inside a packet header (`truncated-header.ctf`) makes
-//! the reference reader crash (`Buffer underflow`); our reader ends the trace there with a
-//! warning, so such a trace is valid with a warning here, with the counts of what was read.
-//!
-//! In format 3 object ids are handed out in per-domain chunks and a collect may name another
-//! domain's object: live objects are tracked globally by id, in file order.
 
 use crate::error::{Error, Position, Result};
 use crate::event::{Event, LocationCode, ObjId};
@@ -180,6 +166,21 @@ impl Lifecycle {
 
 /// Check a whole trace. Errors of the trace (the reader's errors included) end up in the
 /// report's problems; `Err` only for an I/O error of the input.
+///
+/// A trace is **valid** when it reads to the end without a reader error, every backtrace code
+/// was defined by an earlier location event, and every promote/collect names a live object
+/// (allocated earlier in the file, not collected yet; promoted at most once). Reader
+/// *warnings* (skipped packets: wrong pid, out of sequence, truncated body or header) do not
+/// make a trace invalid: like the reference reader, whose validator says `ok` for
+/// `truncated.ctf` and the spliced `synthetic/` traces, we read on and report them.
+///
+/// Deliberate difference: a file cut inside a packet header (`truncated-header.ctf`) makes
+/// the reference reader crash (`Buffer underflow`); our reader ends the trace there with a
+/// warning, so such a trace is valid with a warning here, with the counts of what was read.
+///
+/// In format 3 object ids are handed out in per-domain chunks and a collect may name another
+/// domain's object: live objects are tracked globally by id, in file order.
+/// Allocations with nsamples = 0 are accepted, as the reference reader accepts them.
 pub fn check<R: Read>(reader: &mut Reader<R>, opts: &CheckOptions) -> Result<CheckReport> {
     let mut rep = CheckReport {
         file: reader.name().to_string(),
@@ -285,7 +286,10 @@ pub fn run_check(
         let name = f.as_ref().display().to_string();
         match check_file(f, &opts) {
             Err(e) => {
-                writeln!(out, "{name}: error: {e}")?;
+                match e {
+                    Error::Io { op, source, .. } => writeln!(out, "{name}: error: {op}: {source}")?,
+                    e => writeln!(out, "{name}: error: {e}")?,
+                }
                 status = 2;
             }
             Ok(rep) => {

@@ -46,7 +46,7 @@ pub struct Summary {
     pub packets: u64,
     /// Packets the reader skipped (wrong pid, out of sequence, truncated).
     pub skipped_packets: u64,
-    /// Domains of the packets read (sorted; `[0]` before format 3).
+    /// Domains of the events read (sorted; `[0]` before format 3; the initial domain if none).
     pub domains: Vec<u16>,
     /// Bytes of the trace (bytes consumed by the reader; the file's size for files).
     pub file_size: u64,

@@ -385,6 +385,21 @@ fn handmade_valid_traces() {
         );
         assert_eq!(sum.file_size, b.len() as u64);
     }
+    // nsamples = 0 is not an error (the reference reader does not check it either).
+    let opts = WriterOptions {
+        version: 2,
+        ..Default::default()
+    };
+    let mut w = Writer::new(Vec::new(), &trace_info(2), opts).unwrap();
+    let t = Timestamp(START + 1);
+    w.put_alloc(t, DomainId(0), 3, 0, AllocSource::Major, &BT, locs)
+        .unwrap();
+    w.put_alloc(t, DomainId(0), 3, 5, AllocSource::External, &BT, locs)
+        .unwrap();
+    let rep = check_bytes(&w.finish().unwrap());
+    assert!(rep.is_valid(), "{:?}", rep.problems);
+    assert_eq!(rep.counts(), "allocs=2 promotes=0 collects=0 samples=5");
+    assert_eq!(rep.live_at_end, 2);
     // Format 3: domain 1 collects (and is allowed to) an object domain 0 allocated; ids of
     // domain 1 come from another chunk.
     let b = write_trace(
