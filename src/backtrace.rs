@@ -14,6 +14,8 @@ pub const MAX_LENGTH: usize = 4096;
 pub const MAX_ENTRY: usize = 2 + 8;
 /// A decoded backtrace longer than this is refused (no real stack comes close).
 pub const MAX_FRAMES: usize = 1 << 22;
+/// Reader cache entries never filled by a miss hold this (not a valid 63-bit code).
+const EMPTY: u64 = 1 << 63;
 
 /// The two candidate buckets of a code, from OCaml's 63-bit arithmetic (only low bits matter).
 #[inline]
@@ -37,7 +39,7 @@ pub struct CacheReader {
 impl Default for CacheReader {
     fn default() -> Self {
         CacheReader {
-            loc: vec![0; CACHE_SIZE].into_boxed_slice(),
+            loc: vec![EMPTY; CACHE_SIZE].into_boxed_slice(),
             pred: vec![0; CACHE_SIZE].into_boxed_slice(),
             last: Vec::new(),
             scratch: Vec::new(),
@@ -55,24 +57,39 @@ impl CacheReader {
     /// Decode `nencoded` codewords after `common_prefix` frames of the previous backtrace.
     /// When the prefix exceeds the previous (truncated) backtrace, the reference keeps the
     /// previous backtrace as it was, still updating the cache; so do we.
-    pub fn decode(&mut self, c: &mut Cursor<'_>, nencoded: usize, common_prefix: u64) -> Result<(), Malformed> {
+    /// `defined(code)` says whether a location event defined a code; every code that
+    /// enters the cache (a miss) must be defined, and no frame may come from an entry no
+    /// miss ever filled, so every decoded frame has locations.
+    pub fn decode(
+        &mut self,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        common_prefix: u64,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<(), Malformed> {
         if common_prefix <= self.last.len() as u64 {
             self.last.truncate(common_prefix as usize);
             let mut out = std::mem::take(&mut self.last);
-            let r = self.decode_into(c, nencoded, &mut out);
+            let r = self.decode_into(c, nencoded, &mut out, defined);
             self.last = out;
             r
         } else {
             let mut out = std::mem::take(&mut self.scratch);
             out.clear();
-            let r = self.decode_into(c, nencoded, &mut out);
+            let r = self.decode_into(c, nencoded, &mut out, defined);
             self.scratch = out;
             r
         }
     }
 
     #[inline]
-    fn decode_into(&mut self, c: &mut Cursor<'_>, nencoded: usize, out: &mut Vec<LocationCode>) -> Result<(), Malformed> {
+    fn decode_into(
+        &mut self,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        out: &mut Vec<LocationCode>,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<(), Malformed> {
         let mut pred = 0usize;
         for _ in 0..nencoded {
             let cw = c.u16()?;
@@ -81,6 +98,9 @@ impl CacheReader {
             self.pred[pred] = bucket as u16;
             if tag == 3 {
                 let lit = ocaml_int(c.u64()?) as u64;
+                if !defined(LocationCode(lit)) {
+                    return Err(Malformed::UndefinedLocation { code: lit });
+                }
                 self.loc[bucket] = lit;
                 out.push(LocationCode(lit));
                 pred = bucket;
@@ -90,11 +110,16 @@ impl CacheReader {
                     1 => 1,
                     _ => c.u8()? as usize,
                 };
-                out.push(LocationCode(self.loc[bucket]));
                 let mut p = bucket;
+                let mut any_empty = self.loc[p] == EMPTY;
+                out.push(LocationCode(self.loc[p]));
                 for _ in 0..n {
                     p = self.pred[p] as usize;
+                    any_empty |= self.loc[p] == EMPTY;
                     out.push(LocationCode(self.loc[p]));
+                }
+                if any_empty {
+                    return Err(Malformed::EmptyCacheEntry);
                 }
                 pred = p;
             }
@@ -127,7 +152,8 @@ impl CacheReader {
             return true;
         }
         let i = v.index as usize;
-        i < CACHE_SIZE && self.pred[i] == v.prediction && self.loc[i] == ocaml_int(v.value) as u64
+        let loc = if self.loc.get(i) == Some(&EMPTY) { 0 } else { self.loc.get(i).copied().unwrap_or(0) };
+        i < CACHE_SIZE && self.pred[i] == v.prediction && loc == ocaml_int(v.value) as u64
     }
 }
 
@@ -300,7 +326,7 @@ mod tests {
             let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
             assert_eq!(done, bt.len());
             let mut c = Cursor::new(&b.bytes);
-            r.decode(&mut c, n, 0).unwrap();
+            r.decode(&mut c, n, 0, |_| true).unwrap();
             assert_eq!(c.remaining(), 0);
             assert_eq!(r.backtrace(), &bt[..]);
             let v = w.next_verifier();
@@ -340,7 +366,7 @@ mod tests {
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
-        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
         assert_eq!(r.backtrace(), &bt[..done]);
     }
 
@@ -350,16 +376,30 @@ mod tests {
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 10).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 10, |_| true).unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| panic!("9 must hit"));
-        r.decode(&mut Cursor::new(&b.bytes), n, 0).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
         assert_eq!(r.backtrace(), &codes(&[9])[..]);
+    }
+
+    #[test]
+    fn undefined_codes_and_empty_entries_are_errors() {
+        let mut w = CacheWriter::default();
+        let mut b = WriteBuf::default();
+        let (n, _) = w.encode(&mut b, 0, &codes(&[5]), usize::MAX, None, |_| {});
+        let mut r = CacheReader::default();
+        let e = r.decode(&mut Cursor::new(&b.bytes), n, 0, |c| c.0 != 5);
+        assert_eq!(e, Err(Malformed::UndefinedLocation { code: 5 }));
+        // a hit on a bucket no miss ever filled
+        let mut r = CacheReader::default();
+        let e = r.decode(&mut Cursor::new(&[0x10, 0x00]), 1, 0, |_| true);
+        assert_eq!(e, Err(Malformed::EmptyCacheEntry));
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub fn copy<R: Read, W: Write>(reader: &mut Reader<R>, out: W, opts: WriterOptio
             Event::Promote { time, id, .. } => w.put_promote(time, dom, id)?,
             Event::Collect { time, id, .. } => w.put_collect(time, dom, id)?,
         }
-        warnings.extend(reader.take_warnings());
+        if !reader.warnings().is_empty() {
+            warnings.extend(reader.take_warnings());
+        }
     }
     warnings.extend(reader.take_warnings());
     let stats = w.stats().clone();

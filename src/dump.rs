@@ -132,8 +132,10 @@ pub fn dump<R: Read, W: Write>(reader: &mut Reader<R>, out: &mut W, mut warn: im
             out.write_all(&line).map_err(wr)?;
             line.clear();
         }
-        for w in reader.take_warnings() {
-            warn(&w.to_string());
+        if !reader.warnings().is_empty() {
+            for w in reader.take_warnings() {
+                warn(&w.to_string());
+            }
         }
     }
     out.write_all(&line).map_err(wr)?;

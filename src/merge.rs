@@ -244,6 +244,8 @@ struct Stream {
     pend: Option<PendKind>,
     /// The pending allocation's backtrace, in merged codes (tag frame first if any).
     bt: Vec<LocationCode>,
+    /// `bt` holds the mapping of this stream's previous allocation's whole backtrace.
+    bt_valid: bool,
 }
 
 struct InputState {
@@ -264,61 +266,58 @@ fn warn_input(st: &mut InputState, msg: String) {
     }
 }
 
+/// Give merged codes to codes an input just defined: the same code while inputs agree
+/// on its locations, a fresh one otherwise.
+fn claim_codes(st: &mut InputState, codes: &mut Codes, new: &[LocationCode], table: &crate::location::LocationTable) {
+    for c in new {
+        if let Some(locs) = table.get(c) {
+            let (m, remapped) = codes.map(*c, locs);
+            if remapped {
+                st.report.remapped_codes += 1;
+                st.code_map.insert(*c, m);
+            }
+        }
+    }
+}
+
 /// Read the next event of a stream into its pending slot (mapping codes as it goes).
 fn advance(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
     s.pend = None;
-    loop {
-        let r = s.reader.next_with_locations();
-        let (ev, table) = match r {
-            Ok(Some(x)) => x,
-            Ok(None) => break,
-            Err(e) => {
-                warn_input(st, format!("stopped reading after an error: {e}"));
-                break;
+    match s.reader.next_full() {
+        Ok(Some((ev, table, new))) => {
+            claim_codes(st, codes, new, table);
+            s.time = ev.time().0;
+            match ev {
+                Event::Alloc(a) => {
+                    // Frames shared with this stream's previous allocation are mapped already.
+                    let tag = st.tag.is_some() as usize;
+                    let keep = if s.bt_valid { (a.common_prefix as usize).min(a.backtrace.len()) } else { 0 };
+                    s.bt.truncate(tag + keep);
+                    if s.bt.is_empty() {
+                        if let Some(t) = st.tag {
+                            s.bt.push(t);
+                        }
+                    }
+                    // The reader guarantees every frame is defined; only remapped codes change.
+                    if st.code_map.is_empty() {
+                        s.bt.extend_from_slice(&a.backtrace[keep..]);
+                    } else {
+                        s.bt.extend(a.backtrace[keep..].iter().map(|c| st.code_map.get(c).copied().unwrap_or(*c)));
+                    }
+                    s.bt_valid = true;
+                    s.pend = Some(PendKind::Alloc { id: a.id.0, length: a.length, nsamples: a.nsamples, source: a.source });
+                }
+                Event::Promote { id, .. } => s.pend = Some(PendKind::Promote { id: id.0 }),
+                Event::Collect { id, .. } => s.pend = Some(PendKind::Collect { id: id.0 }),
             }
-        };
-        s.time = ev.time().0;
-        match ev {
-            Event::Alloc(a) => {
-                s.bt.clear();
-                if let Some(t) = st.tag {
-                    s.bt.push(t);
-                }
-                let mut bad = None;
-                for &c in a.backtrace {
-                    let m = match st.code_map.get(&c) {
-                        Some(&m) => m,
-                        None => match table.get(&c) {
-                            Some(locs) => {
-                                let (m, remapped) = codes.map(c, locs);
-                                if remapped {
-                                    st.report.remapped_codes += 1;
-                                }
-                                st.code_map.insert(c, m);
-                                m
-                            }
-                            None => {
-                                bad = Some(c);
-                                break;
-                            }
-                        },
-                    };
-                    s.bt.push(m);
-                }
-                if let Some(c) = bad {
-                    let at = s.reader.position();
-                    warn_input(st, format!("{at}: location code {:#x} used but never defined; input stops here", c.0));
-                    break;
-                }
-                s.pend = Some(PendKind::Alloc { id: a.id.0, length: a.length, nsamples: a.nsamples, source: a.source });
-            }
-            Event::Promote { id, .. } => s.pend = Some(PendKind::Promote { id: id.0 }),
-            Event::Collect { id, .. } => s.pend = Some(PendKind::Collect { id: id.0 }),
         }
-        break;
+        Ok(None) => {}
+        Err(e) => warn_input(st, format!("stopped reading after an error: {e}")),
     }
-    for w in s.reader.take_warnings() {
-        warn_input(st, w.to_string());
+    if !s.reader.warnings().is_empty() {
+        for w in s.reader.take_warnings() {
+            warn_input(st, w.to_string());
+        }
     }
     if s.pend.is_none() {
         let st_r = s.reader.stats();
@@ -507,7 +506,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 next_domain = next_domain.checked_add(1).ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
-            streams.push(Stream { input: k, out_domain, reader: r, time: 0, pend: None, bt: Vec::new() });
+            streams.push(Stream { input: k, out_domain, reader: r, time: 0, pend: None, bt: Vec::new(), bt_valid: false });
         }
         states.push(st);
     }
@@ -531,7 +530,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
     }
     let mut nevents = 0u64;
-    while let Some(Reverse((_, i))) = heap.pop() {
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((_, i)) = *top;
         let s = &mut streams[i];
         let st = &mut states[s.input];
         let time = Timestamp(s.time);
@@ -574,7 +574,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
         advance(s, st, &mut codes);
         if s.pend.is_some() {
-            heap.push(Reverse((s.time, i)));
+            // replace the top in place (one sift-down instead of a pop and a push)
+            *top = Reverse((s.time, i));
+        } else {
+            std::collections::binary_heap::PeekMut::pop(top);
         }
         nevents += 1;
         if show_progress && nevents % 65536 == 0 {

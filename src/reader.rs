@@ -74,6 +74,8 @@ pub struct Reader<R> {
     /// Last event time of the whole trace (formats 1-2 check it globally).
     last_time: u64,
     locations: LocationTable,
+    /// Codes defined since the last event was handed out.
+    new_codes: Vec<crate::event::LocationCode>,
     parse_backtraces: bool,
     only_domain: Option<u16>,
     in_packet: bool,
@@ -126,6 +128,7 @@ impl<R: Read> Reader<R> {
             alloc_id: 0,
             last_time: 0,
             locations: LocationTable::default(),
+            new_codes: Vec::new(),
             parse_backtraces: true,
             only_domain: None,
             in_packet: false,
@@ -265,6 +268,7 @@ impl<R: Read> Reader<R> {
                     ));
                 }
                 self.warn(self.start, format!("file ends inside a packet header ({avail} bytes); trace ends here"));
+                self.stats.packets += 1;
                 self.stats.skipped_packets += 1;
                 self.stats.bytes += avail as u64;
                 self.start += avail;
@@ -425,6 +429,7 @@ impl<R: Read> Reader<R> {
             &mut self.last_time,
             &mut self.alloc_id,
             &mut self.locations,
+            &mut self.new_codes,
             self.parse_backtraces,
         );
         let used = c.pos();
@@ -456,6 +461,14 @@ impl<R: Read> Reader<R> {
 
     /// Like [`Reader::next_event`], also lending the location table (to resolve the backtrace).
     pub fn next_with_locations(&mut self) -> Result<Option<(Event<'_>, &LocationTable)>> {
+        Ok(self.next_full()?.map(|(e, t, _)| (e, t)))
+    }
+
+    /// Like [`Reader::next_with_locations`], also lending the codes that location events
+    /// defined since the previous event (each code is listed once, when first defined).
+    #[allow(clippy::type_complexity)]
+    pub fn next_full(&mut self) -> Result<Option<(Event<'_>, &LocationTable, &[crate::event::LocationCode])>> {
+        self.new_codes.clear();
         if self.done {
             return Ok(None);
         }
@@ -480,7 +493,10 @@ impl<R: Read> Reader<R> {
             }
             match self.read_event() {
                 Ok(Some(p)) => break p,
-                Ok(None) => continue,
+                Ok(None) => {
+                    self.stats.location_events += 1;
+                    continue;
+                }
                 Err(e) => {
                     self.done = true;
                     return Err(e);
@@ -511,7 +527,13 @@ impl<R: Read> Reader<R> {
                 Event::Collect { time: Timestamp(time), domain, id: ObjId(id) }
             }
         };
-        Ok(Some((ev, &self.locations)))
+        Ok(Some((ev, &self.locations, &self.new_codes)))
+    }
+
+    /// Codes defined by location events read so far but not yet handed out with an event
+    /// (those after the last event of the trace).
+    pub fn pending_new_codes(&self) -> &[crate::event::LocationCode] {
+        &self.new_codes
     }
 }
 
@@ -539,6 +561,7 @@ fn read_event_body(
     global_last: &mut u64,
     alloc_id: &mut u64,
     locations: &mut LocationTable,
+    new_codes: &mut Vec<crate::event::LocationCode>,
     parse_backtraces: bool,
 ) -> Result<Option<Pending>, Malformed> {
     let word = c.u32()?;
@@ -562,6 +585,7 @@ fn read_event_body(
                 Some(_) => {}
                 None => {
                     locations.insert(code, locs);
+                    new_codes.push(code);
                 }
             }
             Ok(None)
@@ -578,7 +602,8 @@ fn read_event_body(
                 (length, nsamples, source, common_prefix, c.u16()? as usize)
             };
             if parse_backtraces {
-                d.cache.decode(c, nencoded, common_prefix)?;
+                let table = &*locations;
+                d.cache.decode(c, nencoded, common_prefix, |code| table.contains_key(&code))?;
             } else {
                 CacheReader::skip(c, nencoded)?;
             }

@@ -277,10 +277,10 @@ impl<W: Write> Writer<W> {
         let si = self.select(domain)?;
         self.check_time(si, time.0)?;
         let s = &mut self.streams[si];
-        let common = s.last_backtrace.iter().zip(backtrace).take_while(|(a, b)| a == b).count();
+        let common = common_prefix(&s.last_backtrace, backtrace);
         let new = &backtrace[common..];
-        s.last_backtrace.clear();
-        s.last_backtrace.extend_from_slice(backtrace);
+        s.last_backtrace.truncate(common);
+        s.last_backtrace.extend_from_slice(new);
         let is_short = (1..=16).contains(&length) && source == AllocSource::Minor && nsamples == 1 && new.len() < 256;
         let code = if is_short { EventCode::ShortAlloc(length as u8) } else { EventCode::Alloc };
         // Worst case 10 bytes a frame: within the reference budget it can never truncate.
@@ -415,6 +415,22 @@ impl<W: Write> Writer<W> {
         self.out.flush().map_err(|e| Error::io("<output>", "flush", e))?;
         Ok(self.out)
     }
+}
+
+/// Length of the longest common prefix of two backtraces.
+#[inline]
+fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    // compare in blocks of 8 first
+    while i + 8 <= n && a[i..i + 8] == b[i..i + 8] {
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 fn dummy_verifier() -> CacheVerifier {
