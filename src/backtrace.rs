@@ -124,7 +124,10 @@ impl CacheReader {
                 pred = p;
             }
             if out.len() > MAX_FRAMES {
-                return Err(Malformed::BadValue { field: "backtrace length", value: out.len() as i64 });
+                return Err(Malformed::BadValue {
+                    field: "backtrace length",
+                    value: out.len() as i64,
+                });
             }
         }
         Ok(())
@@ -152,7 +155,11 @@ impl CacheReader {
             return true;
         }
         let i = v.index as usize;
-        let loc = if self.loc.get(i) == Some(&EMPTY) { 0 } else { self.loc.get(i).copied().unwrap_or(0) };
+        let loc = if self.loc.get(i) == Some(&EMPTY) {
+            0
+        } else {
+            self.loc.get(i).copied().unwrap_or(0)
+        };
         i < CACHE_SIZE && self.pred[i] == v.prediction && loc == ocaml_int(v.value) as u64
     }
 }
@@ -194,7 +201,11 @@ impl CacheWriter {
     pub fn next_verifier(&mut self) -> CacheVerifier {
         let ix = self.next_verify;
         self.next_verify = ((ix as usize + 5413) & (CACHE_SIZE - 1)) as u16;
-        CacheVerifier { index: ix, prediction: self.next[ix as usize], value: self.cache[ix as usize] }
+        CacheVerifier {
+            index: ix,
+            prediction: self.next[ix as usize],
+            value: self.cache[ix as usize],
+        }
     }
 
     #[inline]
@@ -236,7 +247,8 @@ impl CacheWriter {
             ($i:expr) => {
                 if let Some(j) = journal.as_deref_mut() {
                     let i = $i;
-                    j.saved.push((i as u16, self.cache[i], self.date[i], self.next[i]));
+                    j.saved
+                        .push((i as u16, self.cache[i], self.date[i], self.next[i]));
                 }
             };
         }
@@ -257,7 +269,11 @@ impl CacheWriter {
                 h2
             } else {
                 on_miss(pos);
-                let bucket = if self.date[h1] < self.date[h2] { h1 } else { h2 };
+                let bucket = if self.date[h1] < self.date[h2] {
+                    h1
+                } else {
+                    h2
+                };
                 save!(bucket);
                 save!(predictor);
                 self.cache[bucket] = slot;
@@ -350,8 +366,9 @@ mod tests {
 
     #[test]
     fn eviction_with_more_than_cache_size_codes() {
-        let bts: Vec<Vec<LocationCode>> =
-            (0..40).map(|k| (0..1000).map(|i| LocationCode(k * 1000 + i + 1)).collect()).collect();
+        let bts: Vec<Vec<LocationCode>> = (0..40)
+            .map(|k| (0..1000).map(|i| LocationCode(k * 1000 + i + 1)).collect())
+            .collect();
         let mut again = bts.clone();
         again.extend(bts);
         round_trip(&again);
@@ -366,7 +383,8 @@ mod tests {
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+            .unwrap();
         assert_eq!(r.backtrace(), &bt[..done]);
     }
 
@@ -376,15 +394,20 @@ mod tests {
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+            .unwrap();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 10, |_| true).unwrap();
+        r.decode(&mut Cursor::new(&b.bytes), n, 10, |_| true)
+            .unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| panic!("9 must hit"));
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true).unwrap();
+        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| {
+            panic!("9 must hit")
+        });
+        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+            .unwrap();
         assert_eq!(r.backtrace(), &codes(&[9])[..]);
     }
 
@@ -408,6 +431,12 @@ mod tests {
         let code = 0x5555_0000_1234u64;
         let p1 = code.wrapping_mul(0x4983723) & ((1 << 63) - 1);
         let p2 = code.wrapping_mul(0xfdea731) & ((1 << 63) - 1);
-        assert_eq!(buckets(LocationCode(code)), (((p1 >> 11) & 0x3fff) as usize, ((p2 >> 21) & 0x3fff) as usize));
+        assert_eq!(
+            buckets(LocationCode(code)),
+            (
+                ((p1 >> 11) & 0x3fff) as usize,
+                ((p2 >> 21) & 0x3fff) as usize
+            )
+        );
     }
 }

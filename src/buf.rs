@@ -32,7 +32,10 @@ impl<'a> Cursor<'a> {
     #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
         if self.remaining() < n {
-            return Err(Malformed::Truncated { needed: n as u64, available: self.remaining() as u64 });
+            return Err(Malformed::Truncated {
+                needed: n as u64,
+                available: self.remaining() as u64,
+            });
         }
         let s = &self.data[self.pos..self.pos + n];
         self.pos += n;
@@ -45,7 +48,10 @@ impl<'a> Cursor<'a> {
                 self.pos += 1;
                 Ok(b)
             }
-            None => Err(Malformed::Truncated { needed: 1, available: 0 }),
+            None => Err(Malformed::Truncated {
+                needed: 1,
+                available: 0,
+            }),
         }
     }
     #[inline]
@@ -98,7 +104,9 @@ pub struct WriteBuf {
 
 impl WriteBuf {
     pub fn with_capacity(n: usize) -> Self {
-        WriteBuf { bytes: Vec::with_capacity(n) }
+        WriteBuf {
+            bytes: Vec::with_capacity(n),
+        }
     }
     #[inline]
     pub fn len(&self) -> usize {

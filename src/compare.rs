@@ -53,7 +53,10 @@ struct Partial {
 /// covering time, kind, length, resolved backtrace (less `strip_root_frames` root frames),
 /// promote and collect times. Also returns the count of promote/collect events naming
 /// objects that are not live.
-pub fn allocations<R: Read>(reader: &mut Reader<R>, strip_root_frames: usize) -> Result<(Vec<(Digest, u64)>, u64)> {
+pub fn allocations<R: Read>(
+    reader: &mut Reader<R>,
+    strip_root_frames: usize,
+) -> Result<(Vec<(Digest, u64)>, u64)> {
     let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
@@ -67,11 +70,20 @@ pub fn allocations<R: Read>(reader: &mut Reader<R>, strip_root_frames: usize) ->
                 let bt = &a.backtrace[strip_root_frames.min(a.backtrace.len())..];
                 let mut fh = Vec::with_capacity(bt.len());
                 for c in bt {
-                    let h = *frame_hash.entry(*c).or_insert_with(|| resolve_hash(table, *c));
+                    let h = *frame_hash
+                        .entry(*c)
+                        .or_insert_with(|| resolve_hash(table, *c));
                     fh.push(h);
                 }
                 let base = h128(&(a.time.0, a.source as u8, a.length, fh));
-                if let Some(old) = live.insert(a.id.0, Partial { base, nsamples: a.nsamples, promote: None }) {
+                if let Some(old) = live.insert(
+                    a.id.0,
+                    Partial {
+                        base,
+                        nsamples: a.nsamples,
+                        promote: None,
+                    },
+                ) {
                     finish(&mut out, old, None);
                 }
             }
@@ -94,13 +106,22 @@ pub fn allocations<R: Read>(reader: &mut Reader<R>, strip_root_frames: usize) ->
 }
 
 /// Add (sign 1) or remove (sign -1) a trace's allocations to/from a multiset.
-pub fn allocation_set<R: Read>(reader: &mut Reader<R>, opts: CompareOptions, into: &mut AllocationSet, sign: i64) -> Result<()> {
+pub fn allocation_set<R: Read>(
+    reader: &mut Reader<R>,
+    opts: CompareOptions,
+    into: &mut AllocationSet,
+    sign: i64,
+) -> Result<()> {
     let (list, orphans) = allocations(reader, opts.strip_root_frames)?;
     into.orphan_events += orphans;
     for (d, ns) in list {
         into.allocs += 1;
         into.samples += ns;
-        let key = if opts.ignore_nsamples { d } else { h128(&(d, ns)) };
+        let key = if opts.ignore_nsamples {
+            d
+        } else {
+            h128(&(d, ns))
+        };
         *into.counts.entry(key).or_insert(0) += sign;
     }
     into.counts.retain(|_, v| *v != 0);
@@ -138,7 +159,10 @@ impl CompareReport {
 /// Compare the union of `sources`' allocations with `merged`'s.
 pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Result<CompareReport> {
     let mut set = AllocationSet::default();
-    let src_opts = CompareOptions { strip_root_frames: 0, ..opts };
+    let src_opts = CompareOptions {
+        strip_root_frames: 0,
+        ..opts
+    };
     for p in &crate::merge::expand_inputs(sources)? {
         let mut r = Reader::open(p)?;
         allocation_set(&mut r, src_opts, &mut set, 1)?;
@@ -149,8 +173,18 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
     set.orphan_events = 0;
     let mut r = Reader::open(merged)?;
     allocation_set(&mut r, opts, &mut set, -1)?;
-    let missing = set.counts.values().filter(|&&v| v > 0).map(|&v| v as u64).sum();
-    let extra = set.counts.values().filter(|&&v| v < 0).map(|&v| (-v) as u64).sum();
+    let missing = set
+        .counts
+        .values()
+        .filter(|&&v| v > 0)
+        .map(|&v| v as u64)
+        .sum();
+    let extra = set
+        .counts
+        .values()
+        .filter(|&&v| v < 0)
+        .map(|&v| (-v) as u64)
+        .sum();
     Ok(CompareReport {
         source_allocs: sa,
         merged_allocs: set.allocs,

@@ -9,7 +9,11 @@ use std::io::{Read, Write};
 
 /// Read every event of `reader` and write it again with the same trace info.
 /// With `opts.version` equal to the input's format, the output reproduces the input.
-pub fn copy<R: Read, W: Write>(reader: &mut Reader<R>, out: W, opts: WriterOptions) -> Result<(W, WriteStats, Vec<Warning>)> {
+pub fn copy<R: Read, W: Write>(
+    reader: &mut Reader<R>,
+    out: W,
+    opts: WriterOptions,
+) -> Result<(W, WriteStats, Vec<Warning>)> {
     let mut info = reader.info().clone();
     if opts.version < 3 {
         info.initial_domain = crate::event::DomainId(0);
@@ -19,10 +23,22 @@ pub fn copy<R: Read, W: Write>(reader: &mut Reader<R>, out: W, opts: WriterOptio
     let v2_out = opts.version < 3;
     let same_layout = v2_out == (reader.info().version < 3);
     while let Some((ev, table)) = reader.next_with_locations()? {
-        let dom = if v2_out { crate::event::DomainId(0) } else { ev.domain() };
+        let dom = if v2_out {
+            crate::event::DomainId(0)
+        } else {
+            ev.domain()
+        };
         match ev {
             Event::Alloc(a) => {
-                let id = w.put_alloc(a.time, dom, a.length, a.nsamples, a.source, a.backtrace, |c| table.get(&c).cloned())?;
+                let id = w.put_alloc(
+                    a.time,
+                    dom,
+                    a.length,
+                    a.nsamples,
+                    a.source,
+                    a.backtrace,
+                    |c| table.get(&c).cloned(),
+                )?;
                 if same_layout && id != a.id {
                     return Err(Error::Write(format!(
                         "allocation id {} re-encoded as {} (input ids are not in file order)",

@@ -46,12 +46,19 @@ pub struct FrameFormatter {
 
 impl FrameFormatter {
     /// Append ` LOC LOC ...` for one frame, or ` $CODE` when it has no locations.
-    pub fn put(&mut self, out: &mut Vec<u8>, code: LocationCode, table: &LocationTable) -> Result<(), Malformed> {
+    pub fn put(
+        &mut self,
+        out: &mut Vec<u8>,
+        code: LocationCode,
+        table: &LocationTable,
+    ) -> Result<(), Malformed> {
         if let Some(s) = self.cache.get(&code) {
             out.extend_from_slice(s);
             return Ok(());
         }
-        let locs = table.get(&code).ok_or(Malformed::UndefinedLocation { code: code.0 })?;
+        let locs = table
+            .get(&code)
+            .ok_or(Malformed::UndefinedLocation { code: code.0 })?;
         let mut s = Vec::new();
         if locs.is_empty() {
             s.extend_from_slice(b" $");
@@ -69,7 +76,11 @@ impl FrameFormatter {
 }
 
 /// Print every event of `reader` to `out`. Warnings go to `warn` as they happen.
-pub fn dump<R: Read, W: Write>(reader: &mut Reader<R>, out: &mut W, mut warn: impl FnMut(&str)) -> Result<()> {
+pub fn dump<R: Read, W: Write>(
+    reader: &mut Reader<R>,
+    out: &mut W,
+    mut warn: impl FnMut(&str),
+) -> Result<()> {
     let start = reader.info().start_time;
     let v3 = reader.info().version >= 3;
     let mut frames = FrameFormatter::default();
@@ -105,16 +116,17 @@ pub fn dump<R: Read, W: Write>(reader: &mut Reader<R>, out: &mut W, mut warn: im
                 let mut p = Vec::with_capacity(8);
                 p.push(b' ');
                 put_int(&mut p, a.common_prefix as i64);
-                for _ in p.len()..4 {
-                    line.push(b' ');
-                }
+                line.resize(line.len() + 4usize.saturating_sub(p.len()), b' ');
                 line.extend_from_slice(&p);
                 line.push(b':');
                 for &code in a.backtrace {
                     if let Err(what) = frames.put(&mut line, code, table) {
                         let keep = line.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
                         out.write_all(&line[..keep]).map_err(wr)?;
-                        return Err(Error::Malformed { at: reader.position(), what });
+                        return Err(Error::Malformed {
+                            at: reader.position(),
+                            what,
+                        });
                     }
                 }
                 line.push(b'\n');
@@ -157,6 +169,9 @@ mod tests {
         put_padded(&mut v, -5, 10);
         v.push(b'|');
         put_padded(&mut v, 12345678901, 10);
-        assert_eq!(String::from_utf8(v).unwrap(), "0000000042|-000000005|12345678901");
+        assert_eq!(
+            String::from_utf8(v).unwrap(),
+            "0000000042|-000000005|12345678901"
+        );
     }
 }

@@ -55,7 +55,11 @@ pub enum Malformed {
     /// A negative or absurd value in a field.
     BadValue { field: &'static str, value: i64 },
     /// Promote/collect of an object id that was not allocated yet.
-    BadObjectId { event: &'static str, id: i64, next: u64 },
+    BadObjectId {
+        event: &'static str,
+        id: i64,
+        next: u64,
+    },
     /// The packet's alloc_id_end disagrees with the allocations it holds.
     AllocIdSync { header_end: u64, counted: u64 },
     /// The packet header's backtrace-cache verifier does not match the cache.
@@ -75,7 +79,11 @@ pub enum Malformed {
     /// Bytes left over in the trace-info packet or an event ran past its packet.
     EventOverrun,
     /// Object lifecycle violated (check only): promote/collect of a dead or unknown object.
-    Lifecycle { event: &'static str, id: u64, why: &'static str },
+    Lifecycle {
+        event: &'static str,
+        id: u64,
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for Malformed {
@@ -87,7 +95,10 @@ impl fmt::Display for Malformed {
             }
             BadMagic(m) => write!(f, "not a CTF packet (magic {m:#010x}, expected 0xc1fc1fc1)"),
             UnsupportedVersion(v) => {
-                write!(f, "trace format v{v:03}, but this reader knows v001 to v003")
+                write!(
+                    f,
+                    "trace format v{v:03}, but this reader knows v001 to v003"
+                )
             }
             BadPacketSize(s) => write!(f, "bad packet size {s} bits"),
             PacketTimesReversed { begin, end } => {
@@ -102,7 +113,10 @@ impl fmt::Display for Malformed {
                 write!(f, "event time {time} outside its packet [{begin}, {end}]")
             }
             NonMonotoneTime { time, previous } => {
-                write!(f, "event time {time} is before the previous event's {previous}")
+                write!(
+                    f,
+                    "event time {time} is before the previous event's {previous}"
+                )
             }
             MultipleTraceInfo => write!(f, "multiple trace-info events present"),
             BadAllocSource(s) => write!(f, "bad allocation source {s}"),
@@ -110,7 +124,10 @@ impl fmt::Display for Malformed {
             BadObjectId { event, id, next } => {
                 write!(f, "{event} of object id {id}, but only {next} allocated")
             }
-            AllocIdSync { header_end, counted } => write!(
+            AllocIdSync {
+                header_end,
+                counted,
+            } => write!(
                 f,
                 "alloc id sync: packet says alloc_id_end {header_end}, events reach {counted}"
             ),
@@ -124,7 +141,9 @@ impl fmt::Display for Malformed {
             InconsistentLocation { code } => {
                 write!(f, "location code {code:#x} given different locations")
             }
-            UndefinedLocation { code } => write!(f, "location code {code:#x} used but never defined"),
+            UndefinedLocation { code } => {
+                write!(f, "location code {code:#x} used but never defined")
+            }
             BadCacheBucket(b) => write!(f, "backtrace cache bucket {b} out of range"),
             EmptyCacheEntry => write!(f, "backtrace frame from a cache entry never filled"),
             EventOverrun => write!(f, "event runs past the end of its packet"),
@@ -139,7 +158,11 @@ pub enum Error {
     /// The input does not follow the memtrace format.
     Malformed { at: Position, what: Malformed },
     /// An I/O error on a named file.
-    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
     /// The caller asked for something impossible (bad option, output = input, ...).
     Usage(String),
     /// A writer was given events it cannot encode (out-of-order time, unknown id, ...).
@@ -150,10 +173,21 @@ pub enum Error {
 
 impl Error {
     pub fn malformed(file: &str, offset: u64, packet: Option<u64>, what: Malformed) -> Error {
-        Error::Malformed { at: Position { file: file.to_string(), offset, packet }, what }
+        Error::Malformed {
+            at: Position {
+                file: file.to_string(),
+                offset,
+                packet,
+            },
+            what,
+        }
     }
     pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), op, source }
+        Error::Io {
+            path: path.into(),
+            op,
+            source,
+        }
     }
 }
 

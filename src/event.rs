@@ -89,8 +89,16 @@ pub struct Alloc<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event<'a> {
     Alloc(Alloc<'a>),
-    Promote { time: Timestamp, domain: DomainId, id: ObjId },
-    Collect { time: Timestamp, domain: DomainId, id: ObjId },
+    Promote {
+        time: Timestamp,
+        domain: DomainId,
+        id: ObjId,
+    },
+    Collect {
+        time: Timestamp,
+        domain: DomainId,
+        id: ObjId,
+    },
 }
 
 impl<'a> Event<'a> {
@@ -140,8 +148,16 @@ pub struct OwnedAlloc {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum OwnedEvent {
     Alloc(OwnedAlloc),
-    Promote { time: Timestamp, domain: DomainId, id: ObjId },
-    Collect { time: Timestamp, domain: DomainId, id: ObjId },
+    Promote {
+        time: Timestamp,
+        domain: DomainId,
+        id: ObjId,
+    },
+    Collect {
+        time: Timestamp,
+        domain: DomainId,
+        id: ObjId,
+    },
 }
 
 impl OwnedEvent {
@@ -236,21 +252,36 @@ mod tests {
         let w = encode_header(EventCode::Alloc, t);
         assert_eq!(decode_header(w, begin, end).unwrap(), (EventCode::Alloc, t));
         let w = encode_header(EventCode::ShortAlloc(16), Timestamp(begin));
-        assert_eq!(decode_header(w, begin, end).unwrap(), (EventCode::ShortAlloc(16), Timestamp(begin)));
+        assert_eq!(
+            decode_header(w, begin, end).unwrap(),
+            (EventCode::ShortAlloc(16), Timestamp(begin))
+        );
     }
 
     #[test]
     fn header_time_outside_packet_is_an_error() {
         let w = encode_header(EventCode::Collect, Timestamp(1000));
-        assert!(matches!(decode_header(w, 500, 900), Err(Malformed::TimeOutOfPacket { .. })));
+        assert!(matches!(
+            decode_header(w, 500, 900),
+            Err(Malformed::TimeOutOfPacket { .. })
+        ));
         let w = (99 << 25) | 600;
-        assert_eq!(decode_header(w, 500, 900), Err(Malformed::UnknownEventCode(99)));
+        assert_eq!(
+            decode_header(w, 500, 900),
+            Err(Malformed::UnknownEventCode(99))
+        );
     }
 
     #[test]
     fn location_codes_are_63_bit() {
         assert_eq!(LocationCode::from_raw(0x8000_0000_0000_0001).0, 1);
-        assert_eq!(LocationCode::from_raw(0x4000_0000_0000_0000).0, 0xc000_0000_0000_0000);
-        assert_eq!(LocationCode::from_raw(0x4000_0000_0000_0000).to_string(), "-4611686018427387904");
+        assert_eq!(
+            LocationCode::from_raw(0x4000_0000_0000_0000).0,
+            0xc000_0000_0000_0000
+        );
+        assert_eq!(
+            LocationCode::from_raw(0x4000_0000_0000_0000).to_string(),
+            "-4611686018427387904"
+        );
     }
 }

@@ -26,7 +26,12 @@ pub struct TraceInfo {
 
 impl TraceInfo {
     /// Decode the event body (after its header) of a packet of the given version.
-    pub fn decode(c: &mut Cursor<'_>, start_time: Timestamp, version: u16, domain: u16) -> Result<TraceInfo, Malformed> {
+    pub fn decode(
+        c: &mut Cursor<'_>,
+        start_time: Timestamp,
+        version: u16,
+        domain: u16,
+    ) -> Result<TraceInfo, Malformed> {
         let sample_rate = c.f64()?;
         let word_size = c.u8()?;
         let executable_name = c.string()?.to_vec();

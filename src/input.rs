@@ -28,7 +28,13 @@ pub struct FilePool(Rc<RefCell<Pool>>);
 impl FilePool {
     /// At most `limit` files open at once (at least 1).
     pub fn new(limit: usize) -> Self {
-        FilePool(Rc::new(RefCell::new(Pool { limit: limit.max(1), open: 0, clock: 0, slots: Vec::new(), peak_open: 0 })))
+        FilePool(Rc::new(RefCell::new(Pool {
+            limit: limit.max(1),
+            open: 0,
+            clock: 0,
+            slots: Vec::new(),
+            peak_open: 0,
+        })))
     }
 
     /// A budget derived from the process's soft `RLIMIT_NOFILE`: half of it, leaving room
@@ -45,9 +51,17 @@ impl FilePool {
     /// A file to be opened on first read (checked for existence now).
     pub fn open(&self, path: &Path) -> io::Result<LazyFile> {
         std::fs::metadata(path)?;
-        let slot = Rc::new(RefCell::new(Slot { file: None, offset: 0, last_use: 0 }));
+        let slot = Rc::new(RefCell::new(Slot {
+            file: None,
+            offset: 0,
+            last_use: 0,
+        }));
         self.0.borrow_mut().slots.push(slot.clone());
-        Ok(LazyFile { path: path.to_path_buf(), slot, pool: self.clone() })
+        Ok(LazyFile {
+            path: path.to_path_buf(),
+            slot,
+            pool: self.clone(),
+        })
     }
 }
 
@@ -139,7 +153,10 @@ mod tests {
         let mut files = Vec::new();
         for i in 0..20u8 {
             let p = dir.path().join(format!("f{i}"));
-            std::fs::File::create(&p).unwrap().write_all(&[i; 100]).unwrap();
+            std::fs::File::create(&p)
+                .unwrap()
+                .write_all(&[i; 100])
+                .unwrap();
             files.push(pool.open(&p).unwrap());
         }
         // read interleaved, 10 bytes at a time

@@ -64,7 +64,7 @@ impl Hasher for IntHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7cc1_b727_220a_95);
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
     }
     #[inline]
@@ -99,17 +99,23 @@ struct Mtf<T> {
 
 impl<T> Default for Mtf<T> {
     fn default() -> Self {
-        Mtf { entries: Vec::with_capacity(MTF_LEN) }
+        Mtf {
+            entries: Vec::with_capacity(MTF_LEN),
+        }
     }
 }
 
 impl<T> Mtf<T> {
     fn push(&mut self, k: Arc<[u8]>, v: T) -> Option<(Arc<[u8]>, T)> {
-        let dropped = if self.entries.len() == MTF_LEN { self.entries.pop() } else { None };
+        let dropped = if self.entries.len() == MTF_LEN {
+            self.entries.pop()
+        } else {
+            None
+        };
         self.entries.insert(0, (k, v));
         dropped
     }
-    fn to_front(&mut self, i: usize) {
+    fn move_to_front(&mut self, i: usize) {
         let e = self.entries.remove(i);
         self.entries.insert(0, e);
     }
@@ -117,7 +123,7 @@ impl<T> Mtf<T> {
     fn encode(&mut self, k: &[u8], if_absent: impl FnOnce() -> T) -> u8 {
         match self.entries.iter().position(|(e, _)| &e[..] == k) {
             Some(i) => {
-                self.to_front(i);
+                self.move_to_front(i);
                 i as u8
             }
             None => {
@@ -136,7 +142,9 @@ pub struct LocationCodec {
 
 /// Worst-case encoded size of a location list, as the reference writer bounds it.
 fn size_bound(locs: &[Location]) -> usize {
-    locs.iter().fold(8 + 1, |sz, l| sz + 6 + (l.filename.len() + 1) + (l.defname.len() + 1))
+    locs.iter().fold(8 + 1, |sz, l| {
+        sz + 6 + (l.filename.len() + 1) + (l.defname.len() + 1)
+    })
 }
 
 /// Location lists over this size (or longer than 255) are written as one `<unknown>`.
@@ -144,7 +152,10 @@ pub const MAX_LENGTH: usize = 4096;
 
 impl LocationCodec {
     /// Decode the body of a location event.
-    pub fn decode(&mut self, c: &mut Cursor<'_>) -> Result<(LocationCode, LocationList), Malformed> {
+    pub fn decode(
+        &mut self,
+        c: &mut Cursor<'_>,
+    ) -> Result<(LocationCode, LocationList), Malformed> {
         let code = LocationCode::from_raw(c.u64()?);
         let n = c.u8()?;
         let mut locs = Vec::with_capacity(n as usize);
@@ -168,9 +179,12 @@ impl LocationCodec {
                 };
                 self.files.push(s, defs);
             } else if (fcode as usize) < self.files.entries.len() {
-                self.files.to_front(fcode as usize);
+                self.files.move_to_front(fcode as usize);
             } else {
-                return Err(Malformed::MtfEmptySlot { table: "filename", index: fcode });
+                return Err(Malformed::MtfEmptySlot {
+                    table: "filename",
+                    index: fcode,
+                });
             }
             let (filename, defs) = &mut self.files.entries[0];
             let filename = filename.clone();
@@ -178,12 +192,21 @@ impl LocationCodec {
                 let s: Arc<[u8]> = Arc::from(c.string()?);
                 defs.push(s, ());
             } else if (dcode as usize) < defs.entries.len() {
-                defs.to_front(dcode as usize);
+                defs.move_to_front(dcode as usize);
             } else {
-                return Err(Malformed::MtfEmptySlot { table: "defname", index: dcode });
+                return Err(Malformed::MtfEmptySlot {
+                    table: "defname",
+                    index: dcode,
+                });
             }
             let defname = defs.entries[0].0.clone();
-            locs.push(Location { filename, line, start_char, end_char, defname });
+            locs.push(Location {
+                filename,
+                line,
+                start_char,
+                end_char,
+                defname,
+            });
         }
         Ok((code, locs.into()))
     }
@@ -243,7 +266,13 @@ mod tests {
         // 40 files forces eviction from the 31-entry file table.
         for i in 0..200u32 {
             let locs: Vec<Location> = (0..(i % 3 + 1))
-                .map(|j| loc(&format!("f{}.ml", (i * 7 + j) % 40), &format!("d{}", (i + j) % 5), i))
+                .map(|j| {
+                    loc(
+                        &format!("f{}.ml", (i * 7 + j) % 40),
+                        &format!("d{}", (i + j) % 5),
+                        i,
+                    )
+                })
                 .collect();
             enc.encode(&mut b, LocationCode(i as u64 + 1), &locs);
             want.push((LocationCode(i as u64 + 1), locs));
@@ -268,7 +297,8 @@ mod tests {
         // code, count, 6 bytes with file code 1 (a.ml is second) and defname code 0, no strings
         assert_eq!(b.len() - start, 8 + 1 + 6);
         let enc48 = u32::from_le_bytes(b.bytes[start + 9..start + 13].try_into().unwrap()) as u64
-            | (u16::from_le_bytes(b.bytes[start + 13..start + 15].try_into().unwrap()) as u64) << 32;
+            | (u16::from_le_bytes(b.bytes[start + 13..start + 15].try_into().unwrap()) as u64)
+                << 32;
         assert_eq!((enc48 >> 38) & 0x1f, 1);
         assert_eq!((enc48 >> 43) & 0x1f, 0);
     }
@@ -286,7 +316,10 @@ mod tests {
         enc.encode(&mut b, LocationCode(8), &[loc(&long, "d", 1)]);
         let mut c = Cursor::new(&b.bytes);
         let (_, l1) = dec.decode(&mut c).unwrap();
-        assert_eq!((l1[0].line, l1[0].start_char, l1[0].end_char), (0xfffff, 255, 1023));
+        assert_eq!(
+            (l1[0].line, l1[0].start_char, l1[0].end_char),
+            (0xfffff, 255, 1023)
+        );
         let (_, l2) = dec.decode(&mut c).unwrap();
         assert_eq!(&l2[..], &[Location::unknown()]);
     }
@@ -302,7 +335,10 @@ mod tests {
         b.u16((enc >> 32) as u16);
         assert_eq!(
             dec.decode(&mut Cursor::new(&b.bytes)),
-            Err(Malformed::MtfEmptySlot { table: "filename", index: 5 })
+            Err(Malformed::MtfEmptySlot {
+                table: "filename",
+                index: 5
+            })
         );
     }
 }

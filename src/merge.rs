@@ -102,7 +102,10 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                 .collect();
             v.sort();
             if v.is_empty() {
-                return Err(Error::Usage(format!("{}: directory has no .ctf files", p.display())));
+                return Err(Error::Usage(format!(
+                    "{}: directory has no .ctf files",
+                    p.display()
+                )));
             }
             out.extend(v);
         } else {
@@ -146,32 +149,62 @@ struct TempOutput {
 
 impl TempOutput {
     fn create(target: &Path) -> Result<(TempOutput, File)> {
-        let name = target
-            .file_name()
-            .ok_or_else(|| Error::Usage(format!("{}: output is not a file name", target.display())))?;
+        let name = target.file_name().ok_or_else(|| {
+            Error::Usage(format!("{}: output is not a file name", target.display()))
+        })?;
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
         if target.is_dir() {
-            return Err(Error::Usage(format!("{}: output is a directory", target.display())));
+            return Err(Error::Usage(format!(
+                "{}: output is a directory",
+                target.display()
+            )));
         }
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         for attempt in 0..100u32 {
-            let tmp = dir.join(format!(".{}.tmp-{}-{}-{}", name.to_string_lossy(), std::process::id(), nanos, attempt));
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
-                Ok(f) => return Ok((TempOutput { tmp, target: target.to_path_buf(), committed: false }, f)),
+            let tmp = dir.join(format!(
+                ".{}.tmp-{}-{}-{}",
+                name.to_string_lossy(),
+                std::process::id(),
+                nanos,
+                attempt
+            ));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+            {
+                Ok(f) => {
+                    return Ok((
+                        TempOutput {
+                            tmp,
+                            target: target.to_path_buf(),
+                            committed: false,
+                        },
+                        f,
+                    ))
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(Error::io(&tmp, "create output", e)),
             }
         }
-        Err(Error::Usage(format!("{}: cannot create a temporary file beside it", target.display())))
+        Err(Error::Usage(format!(
+            "{}: cannot create a temporary file beside it",
+            target.display()
+        )))
     }
 
     fn commit(mut self, f: File) -> Result<()> {
-        f.sync_all().map_err(|e| Error::io(&self.tmp, "sync output", e))?;
+        f.sync_all()
+            .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
         drop(f);
-        std::fs::rename(&self.tmp, &self.target).map_err(|e| Error::io(&self.target, "rename output", e))?;
+        std::fs::rename(&self.tmp, &self.target)
+            .map_err(|e| Error::io(&self.target, "rename output", e))?;
         self.committed = true;
         Ok(())
     }
@@ -230,9 +263,18 @@ impl Codes {
 
 #[derive(Clone, Copy)]
 enum PendKind {
-    Alloc { id: u64, length: u64, nsamples: u64, source: AllocSource },
-    Promote { id: u64 },
-    Collect { id: u64 },
+    Alloc {
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+    },
+    Promote {
+        id: u64,
+    },
+    Collect {
+        id: u64,
+    },
 }
 
 /// One stream being merged: an input's domain (formats 1-2: the whole input).
@@ -268,7 +310,12 @@ fn warn_input(st: &mut InputState, msg: String) {
 
 /// Give merged codes to codes an input just defined: the same code while inputs agree
 /// on its locations, a fresh one otherwise.
-fn claim_codes(st: &mut InputState, codes: &mut Codes, new: &[LocationCode], table: &crate::location::LocationTable) {
+fn claim_codes(
+    st: &mut InputState,
+    codes: &mut Codes,
+    new: &[LocationCode],
+    table: &crate::location::LocationTable,
+) {
     for c in new {
         if let Some(locs) = table.get(c) {
             let (m, remapped) = codes.map(*c, locs);
@@ -291,7 +338,11 @@ fn advance(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
                 Event::Alloc(a) => {
                     // Frames shared with this stream's previous allocation are mapped already.
                     let tag = st.tag.is_some() as usize;
-                    let keep = if s.bt_valid { (a.common_prefix as usize).min(a.backtrace.len()) } else { 0 };
+                    let keep = if s.bt_valid {
+                        (a.common_prefix as usize).min(a.backtrace.len())
+                    } else {
+                        0
+                    };
                     s.bt.truncate(tag + keep);
                     if s.bt.is_empty() {
                         if let Some(t) = st.tag {
@@ -302,10 +353,19 @@ fn advance(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
                     if st.code_map.is_empty() {
                         s.bt.extend_from_slice(&a.backtrace[keep..]);
                     } else {
-                        s.bt.extend(a.backtrace[keep..].iter().map(|c| st.code_map.get(c).copied().unwrap_or(*c)));
+                        s.bt.extend(
+                            a.backtrace[keep..]
+                                .iter()
+                                .map(|c| st.code_map.get(c).copied().unwrap_or(*c)),
+                        );
                     }
                     s.bt_valid = true;
-                    s.pend = Some(PendKind::Alloc { id: a.id.0, length: a.length, nsamples: a.nsamples, source: a.source });
+                    s.pend = Some(PendKind::Alloc {
+                        id: a.id.0,
+                        length: a.length,
+                        nsamples: a.nsamples,
+                        source: a.source,
+                    });
                 }
                 Event::Promote { id, .. } => s.pend = Some(PendKind::Promote { id: id.0 }),
                 Event::Collect { id, .. } => s.pend = Some(PendKind::Collect { id: id.0 }),
@@ -333,7 +393,9 @@ fn describe_merge(infos: &[(PathBuf, TraceInfo)]) -> Vec<u8> {
         let exe = exe.rsplit('/').next().unwrap_or("");
         s.push_str(&format!(
             " {} (pid {}, {}, rate {}{});",
-            p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             i.pid,
             exe,
             i.sample_rate,
@@ -362,7 +424,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     }
     if let Some(f) = opts.format {
         if !(2..=3).contains(&f) {
-            return Err(Error::Usage(format!("output format must be 2 or 3, not {f}")));
+            return Err(Error::Usage(format!(
+                "output format must be 2 or 3, not {f}"
+            )));
         }
     }
     let paths = expand_inputs(inputs)?;
@@ -385,7 +449,11 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             let f = pool.open(p).map_err(|e| Error::io(p, "open", e))?;
             let r = Reader::new(f, &p.display().to_string())?;
             let info = r.info().clone();
-            let domains = if info.version >= 3 { scan_domains(p)? } else { vec![0] };
+            let domains = if info.version >= 3 {
+                scan_domains(p)?
+            } else {
+                vec![0]
+            };
             Ok((info, domains))
         })();
         match res {
@@ -416,7 +484,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             word
         )));
     }
-    let min_rate = opened.iter().map(|(_, i, _)| i.sample_rate).fold(f64::INFINITY, f64::min);
+    let min_rate = opened
+        .iter()
+        .map(|(_, i, _)| i.sample_rate)
+        .fold(f64::INFINITY, f64::min);
     if opts.rate_mismatch == RateMismatch::Fail {
         if let Some((p, i, _)) = opened.iter().find(|(_, i, _)| i.sample_rate != min_rate) {
             return Err(Error::Incompatible(format!(
@@ -428,10 +499,22 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
     }
     let single = opened.len() == 1;
-    let format = opts.format.unwrap_or_else(|| if opened.iter().all(|(_, i, _)| i.version <= 2) { 2 } else { 3 });
+    let format = opts.format.unwrap_or_else(|| {
+        if opened.iter().all(|(_, i, _)| i.version <= 2) {
+            2
+        } else {
+            3
+        }
+    });
     let first = &opened[0].1;
     let mut info = first.clone();
-    info.start_time = Timestamp(opened.iter().map(|(_, i, _)| i.start_time.0).min().unwrap_or(0));
+    info.start_time = Timestamp(
+        opened
+            .iter()
+            .map(|(_, i, _)| i.start_time.0)
+            .min()
+            .unwrap_or(0),
+    );
     info.sample_rate = min_rate;
     info.pid = opts.pid.unwrap_or(first.pid);
     info.version = format;
@@ -439,7 +522,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         Some(c) => Some(c.iter().copied().filter(|&b| b != 0).collect()),
         None if single => first.context.clone(),
         None => {
-            let v: Vec<(PathBuf, TraceInfo)> = opened.iter().map(|(p, i, _)| (p.clone(), i.clone())).collect();
+            let v: Vec<(PathBuf, TraceInfo)> = opened
+                .iter()
+                .map(|(p, i, _)| (p.clone(), i.clone()))
+                .collect();
             Some(describe_merge(&v))
         }
     };
@@ -453,7 +539,11 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut streams = Vec::new();
     let mut next_domain = 0u16;
     for (k, (p, i, domains)) in opened.iter().enumerate() {
-        let p_keep = if i.sample_rate > min_rate { min_rate / i.sample_rate } else { 1.0 };
+        let p_keep = if i.sample_rate > min_rate {
+            min_rate / i.sample_rate
+        } else {
+            1.0
+        };
         let mut st = InputState {
             report: InputReport {
                 path: p.clone(),
@@ -473,13 +563,19 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             st.thinner = Some(Thinner::new(p_keep, opts.seed, k as u64));
             warn_input(
                 &mut st,
-                format!("sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}", i.sample_rate, min_rate, p_keep),
+                format!(
+                    "sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}",
+                    i.sample_rate, min_rate, p_keep
+                ),
             );
         }
         if opts.tag_processes {
             let exe = String::from_utf8_lossy(&i.executable_name);
             let exe = exe.rsplit('/').next().unwrap_or("").to_string();
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let loc = Location {
                 filename: Arc::from(name.as_bytes()),
                 line: 1,
@@ -503,22 +599,42 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             } else if single {
                 DomainId(d)
             } else {
-                next_domain = next_domain.checked_add(1).ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
+                next_domain = next_domain
+                    .checked_add(1)
+                    .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
-            streams.push(Stream { input: k, out_domain, reader: r, time: 0, pend: None, bt: Vec::new(), bt_valid: false });
+            streams.push(Stream {
+                input: k,
+                out_domain,
+                reader: r,
+                time: 0,
+                pend: None,
+                bt: Vec::new(),
+                bt_valid: false,
+            });
         }
         states.push(st);
     }
 
     let (tmp, file) = TempOutput::create(output)?;
     let out = BufWriter::with_capacity(1 << 20, file);
-    let mut w = Writer::new(out, &info, WriterOptions { version: format, lossless: true })?;
+    let mut w = Writer::new(
+        out,
+        &info,
+        WriterOptions {
+            version: format,
+            lossless: true,
+        },
+    )?;
     if !single {
         w.set_flush_on_domain_switch(false);
     }
 
-    let total_bytes: u64 = opened.iter().map(|(p, _, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let total_bytes: u64 = opened
+        .iter()
+        .map(|(p, _, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_progress = started;
@@ -537,7 +653,12 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         let time = Timestamp(s.time);
         let dom = s.out_domain;
         match s.pend.take() {
-            Some(PendKind::Alloc { id, length, nsamples, source }) => {
+            Some(PendKind::Alloc {
+                id,
+                length,
+                nsamples,
+                source,
+            }) => {
                 st.report.allocs += 1;
                 st.report.samples_read += nsamples;
                 let n = match &mut st.thinner {
@@ -548,7 +669,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     st.live.insert(id, DROPPED);
                 } else {
                     let meanings = &codes.meanings;
-                    let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| meanings.get(&c).cloned())?;
+                    let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| {
+                        meanings.get(&c).cloned()
+                    })?;
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += n;
@@ -559,7 +682,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 match st.live.get(&id) {
                     Some(&DROPPED) => {}
                     Some(&o) => w.put_promote(time, dom, ObjId(o))?,
-                    None => warn_input(st, format!("promote of object {id} that is not live; left out")),
+                    None => warn_input(
+                        st,
+                        format!("promote of object {id} that is not live; left out"),
+                    ),
                 }
             }
             Some(PendKind::Collect { id }) => {
@@ -567,7 +693,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 match st.live.remove(&id) {
                     Some(DROPPED) => {}
                     Some(o) => w.put_collect(time, dom, ObjId(o))?,
-                    None => warn_input(st, format!("collect of object {id} that is not live; left out")),
+                    None => warn_input(
+                        st,
+                        format!("collect of object {id} that is not live; left out"),
+                    ),
                 }
             }
             None => {}
@@ -580,11 +709,19 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             std::collections::binary_heap::PeekMut::pop(top);
         }
         nevents += 1;
-        if show_progress && nevents % 65536 == 0 {
+        if show_progress && nevents.is_multiple_of(65536) {
             let now = Instant::now();
-            if now.duration_since(started) > Duration::from_secs(1) && now.duration_since(last_progress) > Duration::from_millis(250) {
+            if now.duration_since(started) > Duration::from_secs(1)
+                && now.duration_since(last_progress) > Duration::from_millis(250)
+            {
                 last_progress = now;
-                let done: u64 = streams.iter().map(|s| s.reader.stats().bytes).sum::<u64>() / opened.iter().map(|(_, _, d)| d.len() as u64).max().unwrap_or(1).max(1);
+                let done: u64 = streams.iter().map(|s| s.reader.stats().bytes).sum::<u64>()
+                    / opened
+                        .iter()
+                        .map(|(_, _, d)| d.len() as u64)
+                        .max()
+                        .unwrap_or(1)
+                        .max(1);
                 eprint!(
                     "\rmemtrace-merge: {} events, {:.0}%   ",
                     nevents,
@@ -598,7 +735,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     }
     let wstats = w.stats().clone();
     let out = w.finish()?;
-    let file = out.into_inner().map_err(|e| Error::io(output, "write output", e.into_error()))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| Error::io(output, "write output", e.into_error()))?;
     tmp.commit(file)?;
 
     let mut report = MergeReport {
@@ -615,8 +754,11 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         .map(|mut st| {
             st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
             if st.thinner.is_some() {
-                st.report.keep_fraction =
-                    if st.report.samples_read == 0 { 1.0 } else { st.report.samples_written as f64 / st.report.samples_read as f64 };
+                st.report.keep_fraction = if st.report.samples_read == 0 {
+                    1.0
+                } else {
+                    st.report.samples_written as f64 / st.report.samples_read as f64
+                };
                 let msg = format!(
                     "thinned: kept {} of {} samples ({:.4}%), {} of {} allocations",
                     st.report.samples_written,
@@ -634,7 +776,12 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let order: HashMap<&PathBuf, usize> = paths.iter().enumerate().map(|(i, p)| (p, i)).collect();
     by_path.sort_by_key(|r| order.get(&r.path).copied().unwrap_or(usize::MAX));
     report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
-    report.warnings = early_warnings + by_path.iter().filter(|r| !r.skipped).map(|r| r.warnings.len() as u64).sum::<u64>();
+    report.warnings = early_warnings
+        + by_path
+            .iter()
+            .filter(|r| !r.skipped)
+            .map(|r| r.warnings.len() as u64)
+            .sum::<u64>();
     report.inputs = by_path;
     Ok(report)
 }
@@ -673,7 +820,11 @@ pub fn format_report(r: &MergeReport) -> String {
         r.allocs,
         r.promotes,
         r.collects,
-        if r.remapped_codes > 0 { format!(", {} location codes remapped", r.remapped_codes) } else { String::new() }
+        if r.remapped_codes > 0 {
+            format!(", {} location codes remapped", r.remapped_codes)
+        } else {
+            String::new()
+        }
     ));
     s
 }

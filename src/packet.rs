@@ -60,7 +60,11 @@ impl PacketHeader {
         let version = c.u16()?;
         let pid = c.u64()?;
         let domain = if version >= 3 { c.u16()? } else { 0 };
-        let verifier = CacheVerifier { index: c.u16()?, prediction: c.u16()?, value: c.u64()? };
+        let verifier = CacheVerifier {
+            index: c.u16()?,
+            prediction: c.u16()?,
+            value: c.u64()?,
+        };
         let alloc_id_begin = c.u64()?;
         let alloc_id_end = c.u64()?;
         if magic != MAGIC {
@@ -74,10 +78,16 @@ impl PacketHeader {
             return Err(Malformed::BadPacketSize(size_bits));
         }
         if time_begin > time_end {
-            return Err(Malformed::PacketTimesReversed { begin: time_begin, end: time_end });
+            return Err(Malformed::PacketTimesReversed {
+                begin: time_begin,
+                end: time_end,
+            });
         }
         if alloc_id_begin > alloc_id_end {
-            return Err(Malformed::PacketIdsReversed { begin: alloc_id_begin, end: alloc_id_end });
+            return Err(Malformed::PacketIdsReversed {
+                begin: alloc_id_begin,
+                end: alloc_id_end,
+            });
         }
         Ok(PacketHeader {
             size,
@@ -109,7 +119,14 @@ impl PacketHeader {
     }
 
     /// Fill in the fields of a header started at offset 0 of `b`, now that the packet is complete.
-    pub fn finish(b: &mut WriteBuf, version: u16, time_begin: u64, time_end: u64, id_begin: u64, id_end: u64) {
+    pub fn finish(
+        b: &mut WriteBuf,
+        version: u16,
+        time_begin: u64,
+        time_end: u64,
+        id_begin: u64,
+        id_end: u64,
+    ) {
         let size_bits = (b.len() as u32).wrapping_mul(8);
         b.set_u32(4, size_bits);
         b.set_u64(8, time_begin);
@@ -129,7 +146,11 @@ mod tests {
     fn header_round_trip_v2_and_v3() {
         for version in [2u16, 3] {
             let mut b = WriteBuf::default();
-            let v = CacheVerifier { index: 4242, prediction: 7, value: 0xdead_beef };
+            let v = CacheVerifier {
+                index: 4242,
+                prediction: 7,
+                value: 0xdead_beef,
+            };
             PacketHeader::start(&mut b, version, 1234, 5, v);
             assert_eq!(b.len(), header_size(version));
             b.u32(0); // one event's worth of content
@@ -137,7 +158,10 @@ mod tests {
             let h = PacketHeader::parse(&mut Cursor::new(&b.bytes)).unwrap();
             assert_eq!(h.size, b.len() as u64);
             assert_eq!(h.content_size(), 4);
-            assert_eq!((h.time_begin, h.time_end, h.alloc_id_begin, h.alloc_id_end), (100, 200, 3, 9));
+            assert_eq!(
+                (h.time_begin, h.time_end, h.alloc_id_begin, h.alloc_id_end),
+                (100, 200, 3, 9)
+            );
             assert_eq!((h.version, h.pid, h.verifier), (version, 1234, v));
             assert_eq!(h.domain, if version == 3 { 5 } else { 0 });
         }
@@ -153,11 +177,20 @@ mod tests {
             Err(Malformed::PacketTimesReversed { begin: 10, end: 5 })
         );
         b.set_u32(0, 0x1234);
-        assert_eq!(PacketHeader::parse(&mut Cursor::new(&b.bytes)), Err(Malformed::BadMagic(0x1234)));
-        assert!(matches!(PacketHeader::parse(&mut Cursor::new(&b.bytes[..20])), Err(Malformed::Truncated { .. })));
+        assert_eq!(
+            PacketHeader::parse(&mut Cursor::new(&b.bytes)),
+            Err(Malformed::BadMagic(0x1234))
+        );
+        assert!(matches!(
+            PacketHeader::parse(&mut Cursor::new(&b.bytes[..20])),
+            Err(Malformed::Truncated { .. })
+        ));
         let mut b = WriteBuf::default();
         PacketHeader::start(&mut b, 4, 1, 0, CacheVerifier::default());
         PacketHeader::finish(&mut b, 4, 1, 1, 0, 0);
-        assert_eq!(PacketHeader::parse(&mut Cursor::new(&b.bytes)), Err(Malformed::UnsupportedVersion(4)));
+        assert_eq!(
+            PacketHeader::parse(&mut Cursor::new(&b.bytes)),
+            Err(Malformed::UnsupportedVersion(4))
+        );
     }
 }

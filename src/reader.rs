@@ -4,7 +4,9 @@
 use crate::backtrace::CacheReader;
 use crate::buf::Cursor;
 use crate::error::{Error, Malformed, Position, Result};
-use crate::event::{decode_header, Alloc, AllocSource, DomainId, Event, EventCode, ObjId, Timestamp};
+use crate::event::{
+    decode_header, Alloc, AllocSource, DomainId, Event, EventCode, ObjId, Timestamp,
+};
 use crate::info::TraceInfo;
 use crate::location::{IntMap, LocationCodec, LocationList, LocationTable};
 use crate::packet::{header_size, PacketHeader};
@@ -209,7 +211,10 @@ impl<R: Read> Reader<R> {
     }
 
     fn err_at(&self, off_in_buf: usize, what: Malformed) -> Error {
-        Error::Malformed { at: self.pos_at(off_in_buf), what }
+        Error::Malformed {
+            at: self.pos_at(off_in_buf),
+            what,
+        }
     }
 
     fn warn(&mut self, off_in_buf: usize, what: String) {
@@ -264,10 +269,16 @@ impl<R: Read> Reader<R> {
                 if self.packet_index == 0 {
                     return Err(self.err_at(
                         self.start,
-                        Malformed::Truncated { needed: 66, available: avail as u64 },
+                        Malformed::Truncated {
+                            needed: 66,
+                            available: avail as u64,
+                        },
                     ));
                 }
-                self.warn(self.start, format!("file ends inside a packet header ({avail} bytes); trace ends here"));
+                self.warn(
+                    self.start,
+                    format!("file ends inside a packet header ({avail} bytes); trace ends here"),
+                );
                 self.stats.packets += 1;
                 self.stats.skipped_packets += 1;
                 self.stats.bytes += avail as u64;
@@ -288,24 +299,37 @@ impl<R: Read> Reader<R> {
         if avail < size {
             return Err(self.err_at(
                 self.start,
-                Malformed::Truncated { needed: size as u64, available: avail as u64 },
+                Malformed::Truncated {
+                    needed: size as u64,
+                    available: avail as u64,
+                },
             ));
         }
         let hs = header_size(h.version);
         let content = &self.buf[self.start + hs..self.start + size];
         let mut c = Cursor::new(content);
         let word = c.u32().map_err(|e| self.err_at(self.start + hs, e))?;
-        let (code, time) = decode_header(word, h.time_begin, h.time_end).map_err(|e| self.err_at(self.start + hs, e))?;
+        let (code, time) = decode_header(word, h.time_begin, h.time_end)
+            .map_err(|e| self.err_at(self.start + hs, e))?;
         if code != EventCode::TraceInfo {
-            return Err(self.err_at(self.start + hs, Malformed::BadInfoPacket("first event is not trace_info")));
+            return Err(self.err_at(
+                self.start + hs,
+                Malformed::BadInfoPacket("first event is not trace_info"),
+            ));
         }
         if time.0 != h.time_begin {
-            return Err(self.err_at(self.start + hs, Malformed::BadInfoPacket("trace_info time is not the packet's")));
+            return Err(self.err_at(
+                self.start + hs,
+                Malformed::BadInfoPacket("trace_info time is not the packet's"),
+            ));
         }
         let info = TraceInfo::decode(&mut c, time, h.version, h.domain)
             .map_err(|e| self.err_at(self.start + hs + c.pos(), e))?;
         if c.remaining() != 0 {
-            return Err(self.err_at(self.start + hs + c.pos(), Malformed::BadInfoPacket("bytes after trace_info")));
+            return Err(self.err_at(
+                self.start + hs + c.pos(),
+                Malformed::BadInfoPacket("bytes after trace_info"),
+            ));
         }
         self.info = info;
         self.last_time = self.info.start_time.0;
@@ -323,7 +347,10 @@ impl<R: Read> Reader<R> {
             return i;
         }
         let i = self.domains.len();
-        self.domains.push(DomainState { last_time: self.info.start_time.0, ..Default::default() });
+        self.domains.push(DomainState {
+            last_time: self.info.start_time.0,
+            ..Default::default()
+        });
         self.domain_index.insert(d, i);
         i
     }
@@ -368,7 +395,10 @@ impl<R: Read> Reader<R> {
                 }
             }
             let skip = if h.pid != self.info.pid {
-                Some(format!("skipping bad packet (wrong pid: {}, but tracing {})", h.pid, self.info.pid))
+                Some(format!(
+                    "skipping bad packet (wrong pid: {}, but tracing {})",
+                    h.pid, self.info.pid
+                ))
             } else if !v3 && (self.last_time > h.time_begin || self.alloc_id != h.alloc_id_begin) {
                 Some(format!(
                     "skipping bad packet at id {} {}-{} (does not continue the alloc-id or time sequence)",
@@ -397,7 +427,12 @@ impl<R: Read> Reader<R> {
                 self.alloc_id = h.alloc_id_begin;
             }
             if self.parse_backtraces && !self.domains[self.cur].cache.verify(&h.verifier) {
-                return Err(self.err_at(hstart, Malformed::CacheVerification { index: h.verifier.index }));
+                return Err(self.err_at(
+                    hstart,
+                    Malformed::CacheVerification {
+                        index: h.verifier.index,
+                    },
+                ));
             }
             return Ok(true);
         }
@@ -408,7 +443,10 @@ impl<R: Read> Reader<R> {
         if self.alloc_id != self.header.alloc_id_end {
             return Err(self.err_at(
                 self.pkt_end,
-                Malformed::AllocIdSync { header_end: self.header.alloc_id_end, counted: self.alloc_id },
+                Malformed::AllocIdSync {
+                    header_end: self.header.alloc_id_end,
+                    counted: self.alloc_id,
+                },
             ));
         }
         self.start = self.pkt_end;
@@ -439,13 +477,20 @@ impl<R: Read> Reader<R> {
                 Ok(p)
             }
             Err(what) => {
-                let err_off = if matches!(what, Malformed::Truncated { .. } | Malformed::UnterminatedString) {
+                let err_off = if matches!(
+                    what,
+                    Malformed::Truncated { .. } | Malformed::UnterminatedString
+                ) {
                     at
                 } else {
                     at + used
                 };
                 let mut e = self.err_at(err_off, what);
-                if let Error::Malformed { what: Malformed::Truncated { .. }, .. } = e {
+                if let Error::Malformed {
+                    what: Malformed::Truncated { .. },
+                    ..
+                } = e
+                {
                     e = self.err_at(at, Malformed::EventOverrun);
                 }
                 Err(e)
@@ -467,14 +512,20 @@ impl<R: Read> Reader<R> {
     /// Like [`Reader::next_with_locations`], also lending the codes that location events
     /// defined since the previous event (each code is listed once, when first defined).
     #[allow(clippy::type_complexity)]
-    pub fn next_full(&mut self) -> Result<Option<(Event<'_>, &LocationTable, &[crate::event::LocationCode])>> {
+    pub fn next_full(
+        &mut self,
+    ) -> Result<Option<(Event<'_>, &LocationTable, &[crate::event::LocationCode])>> {
         self.new_codes.clear();
         if self.done {
             return Ok(None);
         }
         let p = loop {
             if self.pkt_pos >= self.pkt_end {
-                let r = if self.in_packet { self.finish_packet() } else { Ok(()) };
+                let r = if self.in_packet {
+                    self.finish_packet()
+                } else {
+                    Ok(())
+                };
                 let r = r.and_then(|_| self.next_packet());
                 match r {
                     Ok(true) => {
@@ -505,7 +556,14 @@ impl<R: Read> Reader<R> {
         };
         let domain = DomainId(self.header.domain);
         let ev = match p {
-            Pending::Alloc { time, id, length, nsamples, source, common_prefix } => {
+            Pending::Alloc {
+                time,
+                id,
+                length,
+                nsamples,
+                source,
+                common_prefix,
+            } => {
                 self.stats.allocs += 1;
                 Event::Alloc(Alloc {
                     time: Timestamp(time),
@@ -515,16 +573,28 @@ impl<R: Read> Reader<R> {
                     nsamples,
                     source,
                     common_prefix,
-                    backtrace: if self.parse_backtraces { self.domains[self.cur].cache.backtrace() } else { &[] },
+                    backtrace: if self.parse_backtraces {
+                        self.domains[self.cur].cache.backtrace()
+                    } else {
+                        &[]
+                    },
                 })
             }
             Pending::Promote { time, id } => {
                 self.stats.promotes += 1;
-                Event::Promote { time: Timestamp(time), domain, id: ObjId(id) }
+                Event::Promote {
+                    time: Timestamp(time),
+                    domain,
+                    id: ObjId(id),
+                }
             }
             Pending::Collect { time, id } => {
                 self.stats.collects += 1;
-                Event::Collect { time: Timestamp(time), domain, id: ObjId(id) }
+                Event::Collect {
+                    time: Timestamp(time),
+                    domain,
+                    id: ObjId(id),
+                }
             }
         };
         Ok(Some((ev, &self.locations, &self.new_codes)))
@@ -540,9 +610,22 @@ impl<R: Read> Reader<R> {
 /// An event parsed but not yet handed out.
 #[derive(Clone, Copy)]
 enum Pending {
-    Alloc { time: u64, id: u64, length: u64, nsamples: u64, source: AllocSource, common_prefix: u64 },
-    Promote { time: u64, id: u64 },
-    Collect { time: u64, id: u64 },
+    Alloc {
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+    },
+    Promote {
+        time: u64,
+        id: u64,
+    },
+    Collect {
+        time: u64,
+        id: u64,
+    },
 }
 
 fn non_negative(field: &'static str, v: i64) -> Result<u64, Malformed> {
@@ -554,6 +637,7 @@ fn non_negative(field: &'static str, v: i64) -> Result<u64, Malformed> {
 }
 
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn read_event_body(
     c: &mut Cursor<'_>,
     h: &PacketHeader,
@@ -570,7 +654,10 @@ fn read_event_body(
     let v3 = h.version >= 3;
     let last = if v3 { &mut d.last_time } else { global_last };
     if time < *last {
-        return Err(Malformed::NonMonotoneTime { time, previous: *last });
+        return Err(Malformed::NonMonotoneTime {
+            time,
+            previous: *last,
+        });
     }
     *last = time;
     if !v3 {
@@ -581,7 +668,9 @@ fn read_event_body(
         EventCode::Location => {
             let (code, locs) = d.codec.decode(c)?;
             match locations.get(&code) {
-                Some(old) if **old != *locs => return Err(Malformed::InconsistentLocation { code: code.0 }),
+                Some(old) if **old != *locs => {
+                    return Err(Malformed::InconsistentLocation { code: code.0 })
+                }
                 Some(_) => {}
                 None => {
                     locations.insert(code, locs);
@@ -591,32 +680,54 @@ fn read_event_body(
             Ok(None)
         }
         EventCode::Alloc | EventCode::ShortAlloc(_) => {
-            let (length, nsamples, source, common_prefix, nencoded) = if let EventCode::ShortAlloc(n) = code {
-                let common_prefix = non_negative("common prefix", c.vint()?)?;
-                (n as u64, 1, AllocSource::Minor, common_prefix, c.u8()? as usize)
-            } else {
-                let length = non_negative("length", c.vint()?)?;
-                let nsamples = non_negative("nsamples", c.vint()?)?;
-                let source = AllocSource::from_u8(c.u8()?)?;
-                let common_prefix = non_negative("common prefix", c.vint()?)?;
-                (length, nsamples, source, common_prefix, c.u16()? as usize)
-            };
+            let (length, nsamples, source, common_prefix, nencoded) =
+                if let EventCode::ShortAlloc(n) = code {
+                    let common_prefix = non_negative("common prefix", c.vint()?)?;
+                    (
+                        n as u64,
+                        1,
+                        AllocSource::Minor,
+                        common_prefix,
+                        c.u8()? as usize,
+                    )
+                } else {
+                    let length = non_negative("length", c.vint()?)?;
+                    let nsamples = non_negative("nsamples", c.vint()?)?;
+                    let source = AllocSource::from_u8(c.u8()?)?;
+                    let common_prefix = non_negative("common prefix", c.vint()?)?;
+                    (length, nsamples, source, common_prefix, c.u16()? as usize)
+                };
             if parse_backtraces {
                 let table = &*locations;
-                d.cache.decode(c, nencoded, common_prefix, |code| table.contains_key(&code))?;
+                d.cache
+                    .decode(c, nencoded, common_prefix, |code| table.contains_key(&code))?;
             } else {
                 CacheReader::skip(c, nencoded)?;
             }
             let id = *alloc_id;
             *alloc_id += 1;
-            Ok(Some(Pending::Alloc { time, id, length, nsamples, source, common_prefix }))
+            Ok(Some(Pending::Alloc {
+                time,
+                id,
+                length,
+                nsamples,
+                source,
+                common_prefix,
+            }))
         }
         EventCode::Promote | EventCode::Collect => {
             let delta = c.vint()?;
             let is_promote = code == EventCode::Promote;
             // v3 collects may name a later id (another domain's chunk); promotes never.
             if delta < 0 && (is_promote || !v3) {
-                return Err(Malformed::BadValue { field: if is_promote { "promote id delta" } else { "collect id delta" }, value: delta });
+                return Err(Malformed::BadValue {
+                    field: if is_promote {
+                        "promote id delta"
+                    } else {
+                        "collect id delta"
+                    },
+                    value: delta,
+                });
             }
             let id = (*alloc_id as i64).wrapping_sub(1).wrapping_sub(delta);
             if id < 0 {
@@ -627,7 +738,11 @@ fn read_event_body(
                 });
             }
             let id = id as u64;
-            Ok(Some(if is_promote { Pending::Promote { time, id } } else { Pending::Collect { time, id } }))
+            Ok(Some(if is_promote {
+                Pending::Promote { time, id }
+            } else {
+                Pending::Collect { time, id }
+            }))
         }
     }
 }
@@ -643,7 +758,8 @@ pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
     let mut hdr = [0u8; 68];
     let mut first = true;
     while off < len {
-        f.seek(SeekFrom::Start(off)).map_err(|e| Error::io(path, "seek", e))?;
+        f.seek(SeekFrom::Start(off))
+            .map_err(|e| Error::io(path, "seek", e))?;
         let n = (len - off).min(68) as usize;
         if f.read_exact(&mut hdr[..n]).is_err() {
             break;

@@ -35,7 +35,10 @@ pub struct Thinner {
 
 impl Thinner {
     pub fn new(p: f64, seed: u64, stream: u64) -> Self {
-        Thinner { p, rng: Rng::new(seed, stream) }
+        Thinner {
+            p,
+            rng: Rng::new(seed, stream),
+        }
     }
     /// A Binomial(n, p) draw: how many of `n` samples survive.
     pub fn keep(&mut self, n: u64) -> u64 {
@@ -68,9 +71,18 @@ mod tests {
 
     #[test]
     fn deterministic_per_seed_and_stream() {
-        let a: Vec<u64> = { let mut t = Thinner::new(0.3, 7, 1); (0..100).map(|_| t.keep(5)).collect() };
-        let b: Vec<u64> = { let mut t = Thinner::new(0.3, 7, 1); (0..100).map(|_| t.keep(5)).collect() };
-        let c: Vec<u64> = { let mut t = Thinner::new(0.3, 8, 1); (0..100).map(|_| t.keep(5)).collect() };
+        let a: Vec<u64> = {
+            let mut t = Thinner::new(0.3, 7, 1);
+            (0..100).map(|_| t.keep(5)).collect()
+        };
+        let b: Vec<u64> = {
+            let mut t = Thinner::new(0.3, 7, 1);
+            (0..100).map(|_| t.keep(5)).collect()
+        };
+        let c: Vec<u64> = {
+            let mut t = Thinner::new(0.3, 8, 1);
+            (0..100).map(|_| t.keep(5)).collect()
+        };
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.iter().all(|&k| k <= 5));

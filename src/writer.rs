@@ -4,7 +4,10 @@
 use crate::backtrace::{self, CacheWriter, Journal};
 use crate::buf::WriteBuf;
 use crate::error::{Error, Result};
-use crate::event::{encode_header, AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp, PACKET_MAX_TIME};
+use crate::event::{
+    encode_header, AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp,
+    PACKET_MAX_TIME,
+};
 use crate::info::TraceInfo;
 use crate::location::{IntMap, LocationCodec, LocationList, MAX_LENGTH as LOCATION_MAX_LENGTH};
 use crate::packet::{CacheVerifier, PacketHeader, MAX_PACKET_SIZE, NO_VERIFIER};
@@ -30,7 +33,10 @@ pub struct WriterOptions {
 
 impl Default for WriterOptions {
     fn default() -> Self {
-        WriterOptions { version: 2, lossless: false }
+        WriterOptions {
+            version: 2,
+            lossless: false,
+        }
     }
 }
 
@@ -85,9 +91,16 @@ impl<W: Write> Writer<W> {
     /// Start a trace: writes the info packet.
     pub fn new(out: W, info: &TraceInfo, opts: WriterOptions) -> Result<Self> {
         if !(2..=3).contains(&opts.version) {
-            return Err(Error::Usage(format!("cannot write format version {}", opts.version)));
+            return Err(Error::Usage(format!(
+                "cannot write format version {}",
+                opts.version
+            )));
         }
-        let domain = if opts.version >= 3 { info.initial_domain.0 } else { 0 };
+        let domain = if opts.version >= 3 {
+            info.initial_domain.0
+        } else {
+            0
+        };
         let mut w = Writer {
             out,
             version: opts.version,
@@ -131,7 +144,9 @@ impl<W: Write> Writer<W> {
     }
 
     fn emit(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(|e| Error::io("<output>", "write", e))?;
+        self.out
+            .write_all(bytes)
+            .map_err(|e| Error::io("<output>", "write", e))?;
         self.stats.packets += 1;
         self.stats.bytes += bytes.len() as u64;
         Ok(())
@@ -146,7 +161,13 @@ impl<W: Write> Writer<W> {
             (0, u64::MAX)
         };
         let mut packet = WriteBuf::with_capacity(MAX_PACKET_SIZE);
-        PacketHeader::start(&mut packet, self.version, self.pid, domain, dummy_verifier());
+        PacketHeader::start(
+            &mut packet,
+            self.version,
+            self.pid,
+            domain,
+            dummy_verifier(),
+        );
         Stream {
             domain,
             codec: LocationCodec::default(),
@@ -170,7 +191,10 @@ impl<W: Write> Writer<W> {
             return Ok(cur);
         }
         if self.version < 3 {
-            return Err(Error::Write(format!("format 2 has no domains (event of domain {})", domain.0)));
+            return Err(Error::Write(format!(
+                "format 2 has no domains (event of domain {})",
+                domain.0
+            )));
         }
         if self.switch_flush {
             let now = self.streams[cur].time_end;
@@ -206,13 +230,27 @@ impl<W: Write> Writer<W> {
                 s.codec.encode(&mut b, *code, locs);
                 i += 1;
             }
-            PacketHeader::finish(&mut b, version, s.time_start, s.time_start, s.start_id, s.start_id);
+            PacketHeader::finish(
+                &mut b,
+                version,
+                s.time_start,
+                s.time_start,
+                s.start_id,
+                s.start_id,
+            );
             let r = self.emit(&b.bytes);
             self.loc_buf = b;
             r?;
         }
         let s = &mut self.streams[si];
-        PacketHeader::finish(&mut s.packet, version, s.time_start, s.time_end, s.start_id, s.next_id);
+        PacketHeader::finish(
+            &mut s.packet,
+            version,
+            s.time_start,
+            s.time_end,
+            s.start_id,
+            s.next_id,
+        );
         let packet = std::mem::take(&mut s.packet);
         let r = self.emit(&packet.bytes);
         let s = &mut self.streams[si];
@@ -264,6 +302,7 @@ impl<W: Write> Writer<W> {
     /// Write an allocation with its backtrace (caller-first). `resolve` gives the locations
     /// of a code the first time it misses the cache (and again after eviction).
     /// Returns the id the allocation gets in this trace.
+    #[allow(clippy::too_many_arguments)]
     pub fn put_alloc(
         &mut self,
         time: Timestamp,
@@ -281,10 +320,18 @@ impl<W: Write> Writer<W> {
         let new = &backtrace[common..];
         s.last_backtrace.truncate(common);
         s.last_backtrace.extend_from_slice(new);
-        let is_short = (1..=16).contains(&length) && source == AllocSource::Minor && nsamples == 1 && new.len() < 256;
-        let code = if is_short { EventCode::ShortAlloc(length as u8) } else { EventCode::Alloc };
+        let is_short = (1..=16).contains(&length)
+            && source == AllocSource::Minor
+            && nsamples == 1
+            && new.len() < 256;
+        let code = if is_short {
+            EventCode::ShortAlloc(length as u8)
+        } else {
+            EventCode::Alloc
+        };
         // Worst case 10 bytes a frame: within the reference budget it can never truncate.
-        let may_truncate = new.len() * backtrace::MAX_ENTRY >= backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
+        let may_truncate =
+            new.len() * backtrace::MAX_ENTRY >= backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
         let journal = self.lossless && may_truncate;
         let mut missing = None;
         let mut attempt = 0;
@@ -319,14 +366,21 @@ impl<W: Write> Writer<W> {
                 id as i64,
                 new,
                 limit,
-                if journal { Some(&mut self.journal) } else { None },
+                if journal {
+                    Some(&mut self.journal)
+                } else {
+                    None
+                },
                 |i| match resolve(new[i]) {
                     Some(l) => new_locs.push((new[i], l)),
                     None => missing = Some(new[i]),
                 },
             );
             if let Some(code) = missing {
-                return Err(Error::Write(format!("location code {:#x} has no known locations", code.0)));
+                return Err(Error::Write(format!(
+                    "location code {:#x} has no known locations",
+                    code.0
+                )));
             }
             if done < new.len() && journal {
                 if attempt > 0 {
@@ -370,13 +424,23 @@ impl<W: Write> Writer<W> {
         }
     }
 
-    fn put_id_event(&mut self, code: EventCode, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
+    fn put_id_event(
+        &mut self,
+        code: EventCode,
+        time: Timestamp,
+        domain: DomainId,
+        id: ObjId,
+    ) -> Result<()> {
         let si = self.select(domain)?;
         self.check_time(si, time.0)?;
         if self.version < 3 && id.0 >= self.streams[si].next_id {
             return Err(Error::Write(format!(
                 "{} of object {} which is not allocated yet",
-                if code == EventCode::Promote { "promote" } else { "collect" },
+                if code == EventCode::Promote {
+                    "promote"
+                } else {
+                    "collect"
+                },
                 id.0
             )));
         }
@@ -412,7 +476,9 @@ impl<W: Write> Writer<W> {
                 self.flush_at(si, now)?;
             }
         }
-        self.out.flush().map_err(|e| Error::io("<output>", "flush", e))?;
+        self.out
+            .flush()
+            .map_err(|e| Error::io("<output>", "flush", e))?;
         Ok(self.out)
     }
 }
@@ -434,5 +500,9 @@ fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
 }
 
 fn dummy_verifier() -> CacheVerifier {
-    CacheVerifier { index: NO_VERIFIER, prediction: 0, value: 0 }
+    CacheVerifier {
+        index: NO_VERIFIER,
+        prediction: 0,
+        value: 0,
+    }
 }

@@ -4,18 +4,26 @@
 
 use memtrace_merge::compare::{allocations, compare, CompareOptions, Digest};
 use memtrace_merge::merge::{merge, MergeOptions, MergeReport, RateMismatch};
-use memtrace_merge::{AllocSource, DomainId, Location, LocationCode, LocationList, Reader, Timestamp, TraceInfo, Writer, WriterOptions};
+use memtrace_merge::{
+    AllocSource, DomainId, Location, LocationCode, LocationList, Reader, Timestamp, TraceInfo,
+    Writer, WriterOptions,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 fn data(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(p)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
 }
 
 fn fork() -> Vec<PathBuf> {
-    ["parent", "child-1", "child-2", "child-3", "child-4"].iter().map(|n| data(&format!("fork/{n}.ctf"))).collect()
+    ["parent", "child-1", "child-2", "child-3", "child-4"]
+        .iter()
+        .map(|n| data(&format!("fork/{n}.ctf")))
+        .collect()
 }
 
 fn bin() -> &'static str {
@@ -25,17 +33,31 @@ fn bin() -> &'static str {
 /// `memtrace-merge check` must accept the file; babeltrace2 (when installed) must frame it.
 fn assert_valid(path: &Path) {
     let out = Command::new(bin()).arg("check").arg(path).output().unwrap();
-    assert!(out.status.success(), "check failed on {}: {}{}", path.display(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "check failed on {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     babeltrace(path);
 }
 
 fn babeltrace(path: &Path) {
-    if Command::new("babeltrace2").arg("--version").output().is_err() {
+    if Command::new("babeltrace2")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("babeltrace2 not installed: framing check skipped");
         return;
     }
     let version = Reader::open(path).unwrap().info().version;
-    let tsdl = Path::new(env!("CARGO_MANIFEST_DIR")).join(if version >= 3 { "tests/tsdl/memtrace-v3.tsdl" } else { "tests/tsdl/memtrace-v2.tsdl" });
+    let tsdl = Path::new(env!("CARGO_MANIFEST_DIR")).join(if version >= 3 {
+        "tests/tsdl/memtrace-v3.tsdl"
+    } else {
+        "tests/tsdl/memtrace-v2.tsdl"
+    });
     if !tsdl.exists() {
         eprintln!("{} missing: framing check skipped", tsdl.display());
         return;
@@ -49,7 +71,12 @@ fn babeltrace(path: &Path) {
         .args(["--component=sink:sink.dummy", "--connect=src:sink"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "babeltrace2 rejects {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "babeltrace2 rejects {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn merged(inputs: &[PathBuf], opts: &MergeOptions) -> (tempfile::TempDir, PathBuf, MergeReport) {
@@ -62,7 +89,15 @@ fn merged(inputs: &[PathBuf], opts: &MergeOptions) -> (tempfile::TempDir, PathBu
 /// Merge, then require semantic equality with the union of the sources and validity.
 fn merge_and_compare(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
     let (_dir, out, report) = merged(inputs, opts);
-    let cmp = compare(inputs, &out, CompareOptions { ignore_nsamples: false, strip_root_frames: opts.tag_processes as usize }).unwrap();
+    let cmp = compare(
+        inputs,
+        &out,
+        CompareOptions {
+            ignore_nsamples: false,
+            strip_root_frames: opts.tag_processes as usize,
+        },
+    )
+    .unwrap();
     assert!(cmp.equal(), "merged differs from sources: {cmp:?}");
     assert!(cmp.source_allocs > 0);
     assert_eq!(cmp.source_allocs, cmp.merged_allocs);
@@ -74,15 +109,27 @@ fn merge_and_compare(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
 #[test]
 fn fork_set_is_merged_exactly() {
     let r = merge_and_compare(&fork(), &MergeOptions::default());
-    assert_eq!((r.allocs, r.promotes, r.collects), (231_910, 30_463, 223_009));
+    assert_eq!(
+        (r.allocs, r.promotes, r.collects),
+        (231_910, 30_463, 223_009)
+    );
     assert_eq!(r.format, 2);
-    assert_eq!(r.remapped_codes, 0, "forked children share the parent's codes");
+    assert_eq!(
+        r.remapped_codes, 0,
+        "forked children share the parent's codes"
+    );
     assert_eq!(r.inputs.len(), 5);
 }
 
 #[test]
 fn fork_set_as_a_directory_and_in_format_3() {
-    let r = merge_and_compare(&[data("fork")], &MergeOptions { format: Some(3), ..Default::default() });
+    let r = merge_and_compare(
+        &[data("fork")],
+        &MergeOptions {
+            format: Some(3),
+            ..Default::default()
+        },
+    );
     assert_eq!(r.format, 3);
     assert_eq!(r.inputs.len(), 5);
 }
@@ -92,47 +139,91 @@ fn multidomain_with_fork_both_formats() {
     let mut inputs = fork();
     inputs.push(data("v3/multidomain.ctf"));
     let r = merge_and_compare(&inputs, &MergeOptions::default());
-    assert_eq!(r.format, 3, "a format-3 input makes format-3 output by default");
-    let r = merge_and_compare(&inputs, &MergeOptions { format: Some(2), ..Default::default() });
+    assert_eq!(
+        r.format, 3,
+        "a format-3 input makes format-3 output by default"
+    );
+    let r = merge_and_compare(
+        &inputs,
+        &MergeOptions {
+            format: Some(2),
+            ..Default::default()
+        },
+    );
     assert_eq!(r.format, 2);
 }
 
 #[test]
 fn one_multidomain_trace_converted_to_format_2() {
-    let (_d, out, _) = merged(&[data("v3/multidomain.ctf")], &MergeOptions { format: Some(2), ..Default::default() });
+    let (_d, out, _) = merged(
+        &[data("v3/multidomain.ctf")],
+        &MergeOptions {
+            format: Some(2),
+            ..Default::default()
+        },
+    );
     assert_eq!(Reader::open(&out).unwrap().info().version, 2);
-    let c = compare(&[data("v3/multidomain.ctf")], &out, CompareOptions::default()).unwrap();
+    let c = compare(
+        &[data("v3/multidomain.ctf")],
+        &out,
+        CompareOptions::default(),
+    )
+    .unwrap();
     assert!(c.equal(), "{c:?}");
     assert_valid(&out);
 }
 
 #[test]
 fn truncated_inputs_merge_their_readable_parts() {
-    let r = merge_and_compare(&[data("truncated.ctf"), data("truncated-header.ctf")], &MergeOptions::default());
+    let r = merge_and_compare(
+        &[data("truncated.ctf"), data("truncated-header.ctf")],
+        &MergeOptions::default(),
+    );
     assert_eq!(r.allocs, 2 * 6407);
     for i in &r.inputs {
         assert_eq!(i.skipped_packets, 1, "{:?}", i);
-        assert!(i.warnings.iter().any(|w| w.contains("byte 87099")), "{:?}", i.warnings);
+        assert!(
+            i.warnings.iter().any(|w| w.contains("byte 87099")),
+            "{:?}",
+            i.warnings
+        );
     }
 }
 
 #[test]
 fn long_and_external_time_wrap_and_external_allocations() {
-    let r = merge_and_compare(&[data("long.ctf"), data("external.ctf")], &MergeOptions::default());
+    let r = merge_and_compare(
+        &[data("long.ctf"), data("external.ctf")],
+        &MergeOptions::default(),
+    );
     assert_eq!(r.allocs, 77_522 + 8_126);
 }
 
 #[test]
 fn tagged_processes_get_a_root_frame_naming_them() {
     let inputs = fork();
-    merge_and_compare(&inputs, &MergeOptions { tag_processes: true, ..Default::default() });
-    let (_d, out, _) = merged(&inputs, &MergeOptions { tag_processes: true, ..Default::default() });
+    merge_and_compare(
+        &inputs,
+        &MergeOptions {
+            tag_processes: true,
+            ..Default::default()
+        },
+    );
+    let (_d, out, _) = merged(
+        &inputs,
+        &MergeOptions {
+            tag_processes: true,
+            ..Default::default()
+        },
+    );
     let mut r = Reader::open(&out).unwrap();
     let mut roots = HashMap::new();
     while let Some((ev, table)) = r.next_with_locations().unwrap() {
         if let memtrace_merge::Event::Alloc(a) = ev {
             let root = &table[&a.backtrace[0]][0];
-            *roots.entry(String::from_utf8_lossy(&root.defname).into_owned()).or_insert(0u64) += 1;
+            *roots
+                .entry(String::from_utf8_lossy(&root.defname).into_owned())
+                .or_insert(0u64) += 1;
         }
     }
     assert_eq!(roots.len(), 5);
@@ -157,25 +248,57 @@ fn info(pid: u64, start: u64, rate: f64, exe: &str) -> TraceInfo {
 }
 
 fn locs(file: &str, def: &str, line: u32) -> LocationList {
-    Arc::from(vec![Location { filename: Arc::from(file.as_bytes()), line, start_char: 1, end_char: 9, defname: Arc::from(def.as_bytes()) }])
+    Arc::from(vec![Location {
+        filename: Arc::from(file.as_bytes()),
+        line,
+        start_char: 1,
+        end_char: 9,
+        defname: Arc::from(def.as_bytes()),
+    }])
 }
 
 /// Write a synthetic trace in which codes 100..110 mean `file:def_i` and allocations use them.
 fn write_synthetic(path: &Path, pid: u64, start: u64, file: &str, deep: usize) {
-    let table: HashMap<LocationCode, LocationList> =
-        (0..10u64).map(|i| (LocationCode(100 + i), locs(file, &format!("f{i}"), i as u32 + 1))).collect();
+    let table: HashMap<LocationCode, LocationList> = (0..10u64)
+        .map(|i| {
+            (
+                LocationCode(100 + i),
+                locs(file, &format!("f{i}"), i as u32 + 1),
+            )
+        })
+        .collect();
     let f = std::fs::File::create(path).unwrap();
-    let mut w = Writer::new(f, &info(pid, start, 1e-4, file), WriterOptions { version: 2, lossless: true }).unwrap();
+    let mut w = Writer::new(
+        f,
+        &info(pid, start, 1e-4, file),
+        WriterOptions {
+            version: 2,
+            lossless: true,
+        },
+    )
+    .unwrap();
     let mut t = start;
     for k in 0..2000u64 {
         t += 37;
-        let mut bt: Vec<LocationCode> = (0..(1 + k % 7)).map(|i| LocationCode(100 + (k + i) % 10)).collect();
+        let mut bt: Vec<LocationCode> = (0..(1 + k % 7))
+            .map(|i| LocationCode(100 + (k + i) % 10))
+            .collect();
         if deep > 0 && k % 500 == 3 {
             // a deep, irregular stack: more than the reference's 4 KiB per backtrace
             bt.extend((0..deep as u64).map(|i| LocationCode(100 + (i * i + k) % 10)));
         }
         let lookup = |c: LocationCode| table.get(&c).cloned();
-        let id = w.put_alloc(Timestamp(t), DomainId(0), 1 + k % 20, 1, AllocSource::Minor, &bt, lookup).unwrap();
+        let id = w
+            .put_alloc(
+                Timestamp(t),
+                DomainId(0),
+                1 + k % 20,
+                1,
+                AllocSource::Minor,
+                &bt,
+                lookup,
+            )
+            .unwrap();
         if k % 3 == 0 {
             w.put_collect(Timestamp(t + 5), DomainId(0), id).unwrap();
             t += 5;
@@ -192,16 +315,29 @@ fn colliding_codes_of_different_executables_are_kept_apart() {
     write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
     write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
     let r = merge_and_compare(&[a.clone(), b.clone()], &MergeOptions::default());
-    assert_eq!(r.remapped_codes, 10, "every code of the second executable means something else");
+    assert_eq!(
+        r.remapped_codes, 10,
+        "every code of the second executable means something else"
+    );
     assert_eq!(r.inputs[0].remapped_codes, 0);
     assert_eq!(r.inputs[1].remapped_codes, 10);
     // and never one input's frames on the other's allocations
-    let (_d, out, _) = merged(&[a, b], &MergeOptions { tag_processes: true, ..Default::default() });
+    let (_d, out, _) = merged(
+        &[a, b],
+        &MergeOptions {
+            tag_processes: true,
+            ..Default::default()
+        },
+    );
     let mut rd = Reader::open(&out).unwrap();
     while let Some((ev, table)) = rd.next_with_locations().unwrap() {
         if let memtrace_merge::Event::Alloc(al) = ev {
             let root = String::from_utf8_lossy(&table[&al.backtrace[0]][0].defname).into_owned();
-            let want: &[u8] = if root.starts_with("pid 1 ") { b"alpha.ml" } else { b"beta.ml" };
+            let want: &[u8] = if root.starts_with("pid 1 ") {
+                b"alpha.ml"
+            } else {
+                b"beta.ml"
+            };
             for c in &al.backtrace[1..] {
                 assert_eq!(&*table[c][0].filename, want);
             }
@@ -232,15 +368,32 @@ fn deep_backtraces_are_never_truncated() {
 #[test]
 fn single_input_is_copied_byte_for_byte() {
     for p in [
-        "bytecode.ctf", "external.ctf", "long.ctf", "rates/fast.ctf", "rates/slow.ctf",
-        "fork/parent.ctf", "fork/child-1.ctf", "fork/child-2.ctf", "fork/child-3.ctf", "fork/child-4.ctf",
-        "v3/single.ctf", "v3/ocamlopt-head.ctf", "v3/bytecode-location-overflow.ctf",
+        "bytecode.ctf",
+        "external.ctf",
+        "long.ctf",
+        "rates/fast.ctf",
+        "rates/slow.ctf",
+        "fork/parent.ctf",
+        "fork/child-1.ctf",
+        "fork/child-2.ctf",
+        "fork/child-3.ctf",
+        "fork/child-4.ctf",
+        "v3/single.ctf",
+        "v3/ocamlopt-head.ctf",
+        "v3/bytecode-location-overflow.ctf",
     ] {
         let (_d, out, _) = merged(&[data(p)], &MergeOptions::default());
-        assert!(std::fs::read(&out).unwrap() == std::fs::read(data(p)).unwrap(), "{p}: merge of one input is not a copy");
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(data(p)).unwrap(),
+            "{p}: merge of one input is not a copy"
+        );
     }
     // damaged ones give the reference copy tool's readable part
-    for p in ["truncated", "synthetic/wrong-pid", "synthetic/duplicate-packet"] {
+    for p in [
+        "truncated",
+        "synthetic/wrong-pid",
+        "synthetic/duplicate-packet",
+    ] {
         let (_d, out, _) = merged(&[data(&format!("{p}.ctf"))], &MergeOptions::default());
         let want = std::fs::read_to_string(data(&format!("{p}.copy.sha256"))).unwrap();
         let got = sha256(&std::fs::read(&out).unwrap());
@@ -257,7 +410,10 @@ fn sha256(b: &[u8]) -> String {
 #[test]
 fn rates_are_thinned_to_the_slowest() {
     let (fast, slow) = (data("rates/fast.ctf"), data("rates/slow.ctf"));
-    let opts = MergeOptions { seed: 1234, ..Default::default() };
+    let opts = MergeOptions {
+        seed: 1234,
+        ..Default::default()
+    };
     let (_d, out, report) = merged(&[fast.clone(), slow.clone()], &opts);
     assert_valid(&out);
     let (fast_list, _) = allocations(&mut Reader::open(&fast).unwrap(), 0).unwrap();
@@ -279,29 +435,54 @@ fn rates_are_thinned_to_the_slowest() {
             *c -= 1;
             continue;
         }
-        let cands = fast_by_key.get_mut(d).unwrap_or_else(|| panic!("merged allocation with no source"));
-        let i = cands.iter().position(|&orig| orig >= *n).expect("thinned nsamples exceeds the source's");
+        let cands = fast_by_key
+            .get_mut(d)
+            .unwrap_or_else(|| panic!("merged allocation with no source"));
+        let i = cands
+            .iter()
+            .position(|&orig| orig >= *n)
+            .expect("thinned nsamples exceeds the source's");
         cands.swap_remove(i);
         assert!(*n >= 1);
         kept_fast_samples += n;
     }
-    assert!(slow_left.values().all(|&c| c == 0), "slow allocations must all be kept exactly");
+    assert!(
+        slow_left.values().all(|&c| c == 0),
+        "slow allocations must all be kept exactly"
+    );
     let total: u64 = fast_list.iter().map(|(_, n)| n).sum();
     let p = 1e-5 / 1e-3;
     let mean = total as f64 * p;
     let sd = (total as f64 * p * (1.0 - p)).sqrt();
-    assert!((kept_fast_samples as f64 - mean).abs() <= 5.0 * sd, "kept {kept_fast_samples}, expected {mean} ± {sd}");
+    assert!(
+        (kept_fast_samples as f64 - mean).abs() <= 5.0 * sd,
+        "kept {kept_fast_samples}, expected {mean} ± {sd}"
+    );
     let fi = &report.inputs[0];
     assert!(fi.keep_fraction < 0.05 && fi.warnings.iter().any(|w| w.contains("thinned")));
     assert_eq!(report.inputs[1].keep_fraction, 1.0);
     // deterministic for a seed, different for another
     let (_d2, out2, _) = merged(&[fast.clone(), slow.clone()], &opts);
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&out2).unwrap());
-    let (_d3, out3, _) = merged(&[fast.clone(), slow.clone()], &MergeOptions { seed: 99, ..Default::default() });
+    let (_d3, out3, _) = merged(
+        &[fast.clone(), slow.clone()],
+        &MergeOptions {
+            seed: 99,
+            ..Default::default()
+        },
+    );
     assert_ne!(std::fs::read(&out).unwrap(), std::fs::read(&out3).unwrap());
     // and refused on request
     let dir = tempfile::tempdir().unwrap();
-    let e = merge(&[fast, slow], &dir.path().join("x.ctf"), &MergeOptions { rate_mismatch: RateMismatch::Fail, ..Default::default() }).unwrap_err();
+    let e = merge(
+        &[fast, slow],
+        &dir.path().join("x.ctf"),
+        &MergeOptions {
+            rate_mismatch: RateMismatch::Fail,
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("rates differ"), "{e}");
     assert!(!dir.path().join("x.ctf").exists());
 }
@@ -311,12 +492,25 @@ fn trace_info_of_a_merge() {
     let inputs = fork();
     let (_d, out, _) = merged(&inputs, &MergeOptions::default());
     let i = Reader::open(&out).unwrap().info().clone();
-    let starts: Vec<u64> = inputs.iter().map(|p| Reader::open(p).unwrap().info().start_time.0).collect();
+    let starts: Vec<u64> = inputs
+        .iter()
+        .map(|p| Reader::open(p).unwrap().info().start_time.0)
+        .collect();
     assert_eq!(i.start_time.0, *starts.iter().min().unwrap());
     assert_eq!(i.pid, 14495);
     let ctx = String::from_utf8(i.context.unwrap()).unwrap();
-    assert!(ctx.contains("5 traces") && ctx.contains("pid 14499"), "{ctx}");
-    let (_d, out, _) = merged(&inputs, &MergeOptions { pid: Some(77), context: Some(b"mine".to_vec()), ..Default::default() });
+    assert!(
+        ctx.contains("5 traces") && ctx.contains("pid 14499"),
+        "{ctx}"
+    );
+    let (_d, out, _) = merged(
+        &inputs,
+        &MergeOptions {
+            pid: Some(77),
+            context: Some(b"mine".to_vec()),
+            ..Default::default()
+        },
+    );
     let i = Reader::open(&out).unwrap().info().clone();
     assert_eq!((i.pid, i.context.as_deref()), (77, Some(&b"mine"[..])));
     assert_valid(&out);
@@ -333,30 +527,61 @@ fn output_safety() {
     std::os::unix::fs::symlink(&input, &link).unwrap();
     let dotted = dir.path().join(".").join("in.ctf");
     for out in [&input, &link, &dotted] {
-        let e = merge(&[input.clone(), data("fork/child-4.ctf")], out, &MergeOptions::default()).unwrap_err();
+        let e = merge(
+            &[input.clone(), data("fork/child-4.ctf")],
+            out,
+            &MergeOptions::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("one of the inputs"), "{e}");
     }
-    let e = merge(&[link.clone()], &input, &MergeOptions::default()).unwrap_err();
+    let e = merge(
+        std::slice::from_ref(&link),
+        &input,
+        &MergeOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("one of the inputs"), "{e}");
     assert_eq!(std::fs::read(&input).unwrap(), before);
     // a bad input: error naming it, no output, no temporary left behind
     let out = dir.path().join("out.ctf");
     let bad = data("README.md");
-    let e = merge(&[input.clone(), bad.clone()], &out, &MergeOptions::default()).unwrap_err();
+    let e = merge(
+        &[input.clone(), bad.clone()],
+        &out,
+        &MergeOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("README.md"), "{e}");
     assert!(!out.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(leftovers.len(), 2, "{leftovers:?}");
     // unless asked to skip it
-    let r = merge(&[input.clone(), bad], &out, &MergeOptions { skip_bad_inputs: true, ..Default::default() }).unwrap();
+    let r = merge(
+        &[input.clone(), bad],
+        &out,
+        &MergeOptions {
+            skip_bad_inputs: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(r.inputs[1].skipped && !r.inputs[0].skipped);
     assert_eq!(r.allocs, 17_914);
     // an existing output is replaced whole
     std::fs::write(&out, b"old").unwrap();
-    merge(&[input.clone()], &out, &MergeOptions::default()).unwrap();
+    merge(std::slice::from_ref(&input), &out, &MergeOptions::default()).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), before);
     // unwritable directory
-    let e = merge(&[input], Path::new("/proc/no-such-dir/out.ctf"), &MergeOptions::default()).unwrap_err();
+    let e = merge(
+        &[input],
+        Path::new("/proc/no-such-dir/out.ctf"),
+        &MergeOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("/proc/no-such-dir"), "{e}");
     // no inputs, empty paths
     assert!(merge(&[], &out, &MergeOptions::default()).is_err());
@@ -367,13 +592,38 @@ fn output_safety() {
 fn cli_merge_writes_the_same_as_the_library() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("cli.ctf");
-    let st = Command::new(bin()).args(["merge", "-q", "-o"]).arg(&a).args(fork()).status().unwrap();
+    let st = Command::new(bin())
+        .args(["merge", "-q", "-o"])
+        .arg(&a)
+        .args(fork())
+        .status()
+        .unwrap();
     assert!(st.success());
-    let (_d, b, _) = merged(&fork(), &MergeOptions { progress: false, ..Default::default() });
+    let (_d, b, _) = merged(
+        &fork(),
+        &MergeOptions {
+            progress: false,
+            ..Default::default()
+        },
+    );
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-    let out = Command::new(bin()).arg("compare").arg(&a).args(fork()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = Command::new(bin())
+        .arg("compare")
+        .arg(&a)
+        .args(fork())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // compare notices a missing input
-    let out = Command::new(bin()).arg("compare").arg(&a).arg(data("fork/parent.ctf")).output().unwrap();
+    let out = Command::new(bin())
+        .arg("compare")
+        .arg(&a)
+        .arg(data("fork/parent.ctf"))
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
