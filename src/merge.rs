@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Set (e.g. from a SIGINT handler) to make a running merge stop with an error; the
+/// temporary output is removed and nothing is written at the output path.
+pub static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// What to do when inputs were sampled at different rates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RateMismatch {
@@ -709,6 +713,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             std::collections::binary_heap::PeekMut::pop(top);
         }
         nevents += 1;
+        if nevents.is_multiple_of(4096) && INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Usage("merge interrupted; no output written".into()));
+        }
         if show_progress && nevents.is_multiple_of(65536) {
             let now = Instant::now();
             if now.duration_since(started) > Duration::from_secs(1)
