@@ -161,7 +161,7 @@ fn check_golden(ctf: &Path) {
         }
     }
     if exit_status == 0 {
-        let ref_warned = stderr.as_ref().map_or(false, |s| !s.lines.is_empty());
+        let ref_warned = stderr.as_ref().is_some_and(|s| !s.lines.is_empty());
         if ref_warned && o.warnings.is_empty() {
             problems.push(format!(
                 "the reference warned ({:?}) but our reader gave no warning",

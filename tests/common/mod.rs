@@ -50,7 +50,7 @@ pub fn all_ctf(dir: &Path) -> Vec<String> {
         for p in entries {
             if p.is_dir() {
                 walk(root, &p, out);
-            } else if p.extension().map_or(false, |e| e == "ctf") {
+            } else if p.extension().is_some_and(|e| e == "ctf") {
                 let rel = p.strip_prefix(root).unwrap();
                 let parts: Vec<String> = rel
                     .components()
@@ -525,5 +525,5 @@ pub fn assert_same_events<R1: Read, R2: Read>(
 
 /// `BLESS=1` in the environment.
 pub fn bless() -> bool {
-    std::env::var_os("BLESS").map_or(false, |v| v == "1")
+    std::env::var_os("BLESS").is_some_and(|v| v == "1")
 }
