@@ -43,11 +43,11 @@ fn static_library() -> PathBuf {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
-        .filter(|l| {
+        .rev()
+        .find(|l| {
             l.contains("\"reason\":\"compiler-artifact\"")
                 && l.contains("\"name\":\"memtrace_merge\"")
         })
-        .last()
         .expect("cargo reported no artifact of memtrace_merge");
     let files = &line[line.find("\"filenames\":[").expect("filenames") + 13..];
     let files = &files[..files.find(']').unwrap()];
