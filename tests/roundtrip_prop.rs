@@ -672,9 +672,14 @@ fn params(version: u16, lossless: bool) -> impl Strategy<Value = Params> {
         )
 }
 
+/// 40 cases per property (PROPTEST_CASES overrides, for longer soak runs).
 fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
     ProptestConfig {
-        cases: 40,
+        cases,
         max_shrink_iters: 400,
         ..ProptestConfig::default()
     }
