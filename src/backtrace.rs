@@ -341,7 +341,7 @@ mod tests {
             let mut misses = 0;
             let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
             assert_eq!(done, bt.len());
-            let mut c = Cursor::new(&b.bytes);
+            let mut c = Cursor::new(b.bytes());
             r.decode(&mut c, n, 0, |_| true).unwrap();
             assert_eq!(c.remaining(), 0);
             assert_eq!(r.backtrace(), &bt[..]);
@@ -383,7 +383,7 @@ mod tests {
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+        r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
             .unwrap();
         assert_eq!(r.backtrace(), &bt[..done]);
     }
@@ -394,11 +394,11 @@ mod tests {
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+        r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
             .unwrap();
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
-        r.decode(&mut Cursor::new(&b.bytes), n, 10, |_| true)
+        r.decode(&mut Cursor::new(b.bytes()), n, 10, |_| true)
             .unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
@@ -406,7 +406,7 @@ mod tests {
         let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| {
             panic!("9 must hit")
         });
-        r.decode(&mut Cursor::new(&b.bytes), n, 0, |_| true)
+        r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
             .unwrap();
         assert_eq!(r.backtrace(), &codes(&[9])[..]);
     }
@@ -417,7 +417,7 @@ mod tests {
         let mut b = WriteBuf::default();
         let (n, _) = w.encode(&mut b, 0, &codes(&[5]), usize::MAX, None, |_| {});
         let mut r = CacheReader::default();
-        let e = r.decode(&mut Cursor::new(&b.bytes), n, 0, |c| c.0 != 5);
+        let e = r.decode(&mut Cursor::new(b.bytes()), n, 0, |c| c.0 != 5);
         assert_eq!(e, Err(Malformed::UndefinedLocation { code: 5 }));
         // a hit on a bucket no miss ever filled
         let mut r = CacheReader::default();

@@ -95,45 +95,72 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// A write buffer for one packet. Writes past `limit` are the caller's to prevent
-/// (the writer checks room before every event), but never corrupt memory.
-#[derive(Clone, Debug, Default)]
+/// A write buffer for one packet: a fixed block written with plain stores (it grows, on a
+/// cold path, only if a caller writes past it; the writer keeps packets under 32 KiB).
+#[derive(Clone, Debug)]
 pub struct WriteBuf {
-    pub bytes: Vec<u8>,
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Default for WriteBuf {
+    fn default() -> Self {
+        WriteBuf::with_capacity(256)
+    }
 }
 
 impl WriteBuf {
     pub fn with_capacity(n: usize) -> Self {
-        WriteBuf {
-            bytes: Vec::with_capacity(n),
-        }
+        WriteBuf { buf: vec![0; n.max(16)], len: 0 }
+    }
+    /// The bytes written so far.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
     #[inline]
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.len
     }
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.len == 0
     }
     pub fn clear(&mut self) {
-        self.bytes.clear()
+        self.len = 0
+    }
+    /// Forget everything after the first `n` bytes.
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n)
+    }
+    #[cold]
+    fn grow(&mut self, n: usize) {
+        let want = (self.len + n).max(self.buf.len() * 2);
+        self.buf.resize(want, 0);
+    }
+    #[inline(always)]
+    fn put<const N: usize>(&mut self, b: [u8; N]) {
+        if self.len + N > self.buf.len() {
+            self.grow(N);
+        }
+        self.buf[self.len..self.len + N].copy_from_slice(&b);
+        self.len += N;
     }
     #[inline]
     pub fn u8(&mut self, v: u8) {
-        self.bytes.push(v)
+        self.put([v])
     }
     #[inline]
     pub fn u16(&mut self, v: u16) {
-        self.bytes.extend_from_slice(&v.to_le_bytes())
+        self.put(v.to_le_bytes())
     }
     #[inline]
     pub fn u32(&mut self, v: u32) {
-        self.bytes.extend_from_slice(&v.to_le_bytes())
+        self.put(v.to_le_bytes())
     }
     #[inline]
     pub fn u64(&mut self, v: u64) {
-        self.bytes.extend_from_slice(&v.to_le_bytes())
+        self.put(v.to_le_bytes())
     }
     #[inline]
     pub fn f64(&mut self, v: f64) {
@@ -145,11 +172,10 @@ impl WriteBuf {
         if (0..=252).contains(&v) {
             self.u8(v as u8)
         } else if v == v & 0xffff {
-            self.u8(253);
-            self.u16(v as u16)
+            self.put([253, v as u8, (v >> 8) as u8])
         } else if v == v as i32 as i64 {
-            self.u8(254);
-            self.u32(v as i32 as u32)
+            let b = (v as i32 as u32).to_le_bytes();
+            self.put([254, b[0], b[1], b[2], b[3]])
         } else {
             self.u8(255);
             self.u64(v as u64)
@@ -158,27 +184,38 @@ impl WriteBuf {
     /// A string up to its first NUL, then a NUL (as OCaml's `put_string`).
     pub fn string(&mut self, s: &[u8]) {
         let n = s.iter().position(|&b| b == 0).unwrap_or(s.len());
-        self.bytes.extend_from_slice(&s[..n]);
-        self.bytes.push(0);
+        if self.len + n + 1 > self.buf.len() {
+            self.grow(n + 1);
+        }
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.buf[self.len + n] = 0;
+        self.len += n + 1;
     }
     /// Reserve `n` bytes to be filled in later; returns their offset.
     #[inline]
     pub fn skip(&mut self, n: usize) -> usize {
-        let at = self.bytes.len();
-        self.bytes.resize(at + n, 0);
+        let at = self.len;
+        if self.len + n > self.buf.len() {
+            self.grow(n);
+        }
+        self.buf[at..at + n].fill(0);
+        self.len += n;
         at
     }
     pub fn set_u8(&mut self, at: usize, v: u8) {
-        self.bytes[at] = v
+        self.bytes_mut()[at] = v
     }
     pub fn set_u16(&mut self, at: usize, v: u16) {
-        self.bytes[at..at + 2].copy_from_slice(&v.to_le_bytes())
+        self.bytes_mut()[at..at + 2].copy_from_slice(&v.to_le_bytes())
     }
     pub fn set_u32(&mut self, at: usize, v: u32) {
-        self.bytes[at..at + 4].copy_from_slice(&v.to_le_bytes())
+        self.bytes_mut()[at..at + 4].copy_from_slice(&v.to_le_bytes())
     }
     pub fn set_u64(&mut self, at: usize, v: u64) {
-        self.bytes[at..at + 8].copy_from_slice(&v.to_le_bytes())
+        self.bytes_mut()[at..at + 8].copy_from_slice(&v.to_le_bytes())
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
     }
 }
 
@@ -189,10 +226,10 @@ mod tests {
     fn roundtrip(v: i64) -> (Vec<u8>, i64) {
         let mut w = WriteBuf::default();
         w.vint(v);
-        let mut c = Cursor::new(&w.bytes);
+        let mut c = Cursor::new(w.bytes());
         let r = c.vint().unwrap();
         assert_eq!(c.remaining(), 0);
-        (w.bytes.clone(), r)
+        (w.bytes().to_vec(), r)
     }
 
     #[test]
@@ -231,6 +268,6 @@ mod tests {
     fn string_stops_at_nul() {
         let mut w = WriteBuf::default();
         w.string(b"ab\0cd");
-        assert_eq!(w.bytes, b"ab\0");
+        assert_eq!(w.bytes(), b"ab\0");
     }
 }

@@ -277,7 +277,7 @@ mod tests {
             enc.encode(&mut b, LocationCode(i as u64 + 1), &locs);
             want.push((LocationCode(i as u64 + 1), locs));
         }
-        let mut c = Cursor::new(&b.bytes);
+        let mut c = Cursor::new(b.bytes());
         for (code, locs) in want {
             let (c2, l2) = dec.decode(&mut c).unwrap();
             assert_eq!(c2, code);
@@ -296,8 +296,8 @@ mod tests {
         enc.encode(&mut b, LocationCode(3), &[loc("a.ml", "f", 1)]);
         // code, count, 6 bytes with file code 1 (a.ml is second) and defname code 0, no strings
         assert_eq!(b.len() - start, 8 + 1 + 6);
-        let enc48 = u32::from_le_bytes(b.bytes[start + 9..start + 13].try_into().unwrap()) as u64
-            | (u16::from_le_bytes(b.bytes[start + 13..start + 15].try_into().unwrap()) as u64)
+        let enc48 = u32::from_le_bytes(b.bytes()[start + 9..start + 13].try_into().unwrap()) as u64
+            | (u16::from_le_bytes(b.bytes()[start + 13..start + 15].try_into().unwrap()) as u64)
                 << 32;
         assert_eq!((enc48 >> 38) & 0x1f, 1);
         assert_eq!((enc48 >> 43) & 0x1f, 0);
@@ -314,7 +314,7 @@ mod tests {
         enc.encode(&mut b, LocationCode(7), &[l]);
         let long = "y".repeat(5000);
         enc.encode(&mut b, LocationCode(8), &[loc(&long, "d", 1)]);
-        let mut c = Cursor::new(&b.bytes);
+        let mut c = Cursor::new(b.bytes());
         let (_, l1) = dec.decode(&mut c).unwrap();
         assert_eq!(
             (l1[0].line, l1[0].start_char, l1[0].end_char),
@@ -334,7 +334,7 @@ mod tests {
         b.u32(enc as u32);
         b.u16((enc >> 32) as u16);
         assert_eq!(
-            dec.decode(&mut Cursor::new(&b.bytes)),
+            dec.decode(&mut Cursor::new(b.bytes())),
             Err(Malformed::MtfEmptySlot {
                 table: "filename",
                 index: 5

@@ -155,7 +155,7 @@ mod tests {
             assert_eq!(b.len(), header_size(version));
             b.u32(0); // one event's worth of content
             PacketHeader::finish(&mut b, version, 100, 200, 3, 9);
-            let h = PacketHeader::parse(&mut Cursor::new(&b.bytes)).unwrap();
+            let h = PacketHeader::parse(&mut Cursor::new(b.bytes())).unwrap();
             assert_eq!(h.size, b.len() as u64);
             assert_eq!(h.content_size(), 4);
             assert_eq!(
@@ -173,23 +173,23 @@ mod tests {
         PacketHeader::start(&mut b, 2, 1, 0, CacheVerifier::default());
         PacketHeader::finish(&mut b, 2, 10, 5, 0, 0);
         assert_eq!(
-            PacketHeader::parse(&mut Cursor::new(&b.bytes)),
+            PacketHeader::parse(&mut Cursor::new(b.bytes())),
             Err(Malformed::PacketTimesReversed { begin: 10, end: 5 })
         );
         b.set_u32(0, 0x1234);
         assert_eq!(
-            PacketHeader::parse(&mut Cursor::new(&b.bytes)),
+            PacketHeader::parse(&mut Cursor::new(b.bytes())),
             Err(Malformed::BadMagic(0x1234))
         );
         assert!(matches!(
-            PacketHeader::parse(&mut Cursor::new(&b.bytes[..20])),
+            PacketHeader::parse(&mut Cursor::new(&b.bytes()[..20])),
             Err(Malformed::Truncated { .. })
         ));
         let mut b = WriteBuf::default();
         PacketHeader::start(&mut b, 4, 1, 0, CacheVerifier::default());
         PacketHeader::finish(&mut b, 4, 1, 1, 0, 0);
         assert_eq!(
-            PacketHeader::parse(&mut Cursor::new(&b.bytes)),
+            PacketHeader::parse(&mut Cursor::new(b.bytes())),
             Err(Malformed::UnsupportedVersion(4))
         );
     }

@@ -122,7 +122,7 @@ impl<W: Write> Writer<W> {
         info.version = w.version;
         info.encode(&mut b);
         PacketHeader::finish(&mut b, w.version, w.start_time, w.start_time, 0, 0);
-        w.emit(&b.bytes.clone())?;
+        w.emit(b.bytes())?;
         let s = w.new_stream(domain);
         w.streams.push(s);
         w.stream_of.insert(domain, 0);
@@ -238,7 +238,7 @@ impl<W: Write> Writer<W> {
                 s.start_id,
                 s.start_id,
             );
-            let r = self.emit(&b.bytes);
+            let r = self.emit(b.bytes());
             self.loc_buf = b;
             r?;
         }
@@ -252,7 +252,7 @@ impl<W: Write> Writer<W> {
             s.next_id,
         );
         let packet = std::mem::take(&mut s.packet);
-        let r = self.emit(&packet.bytes);
+        let r = self.emit(packet.bytes());
         let s = &mut self.streams[si];
         s.packet = packet;
         r?;
@@ -396,12 +396,12 @@ impl<W: Write> Writer<W> {
                 let hdr = crate::packet::header_size(self.version);
                 if flushed {
                     // begin_event flushed: the packet holds only this event; drop it.
-                    s.packet.bytes.truncate(hdr);
+                    s.packet.truncate(hdr);
                     s.new_locs.clear();
                     s.next_id -= 1;
                     s.time_end = time.0;
                 } else {
-                    s.packet.bytes.truncate(plen);
+                    s.packet.truncate(plen);
                     s.new_locs.truncate(nlocs);
                     s.time_end = tend;
                     s.next_id = nid;

@@ -1,0 +1,229 @@
+//! Merge speed and memory: the five `fork/` traces, and a synthetic set of four overlapping
+//! "processes" (~100 MB, ~11 M events) written with the library's writer, then the same set
+//! twice as long to show memory stays flat. Each merge runs the release CLI as a child under
+//! `/usr/bin/time` for its peak RSS; figures are printed with the ratio against the OCaml
+//! merge's times given to the project (0.9 s on fork/, 33 s on the 100 MB set).
+//!
+//! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
+
+use memtrace_merge::{AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp, TraceInfo, Writer, WriterOptions};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+const OCAML_FORK_S: f64 = 0.9;
+const OCAML_BIG_S: f64 = 33.0;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One synthetic process: `events` events over `span_us`, a pool of call paths sharing
+/// prefixes (as real OCaml stacks do), mostly short minor allocations, collects soon after,
+/// some promotions and long-lived objects.
+fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, seed: u64) {
+    let mut rng = Lcg(seed);
+    let ncodes = 3000u64;
+    let base = 0x5500_0000_0000u64 + pid * 0x10_0000;
+    let table: Vec<LocationList> = (0..ncodes)
+        .map(|i| {
+            Arc::from(vec![Location {
+                filename: Arc::from(format!("src/module_{}.ml", i % 97).as_bytes()),
+                line: (i * 7 % 4000) as u32 + 1,
+                start_char: (i % 60) as u32,
+                end_char: (i % 60 + 20) as u32,
+                defname: Arc::from(format!("Module_{}.fn_{}", i % 97, i).as_bytes()),
+            }])
+        })
+        .collect();
+    // call paths: a tree of stacks, depth 8..40
+    let paths: Vec<Vec<LocationCode>> = (0..400)
+        .map(|p| {
+            let depth = 8 + (p * 13 % 33);
+            let mut r = Lcg(p as u64 * 31 + seed);
+            (0..depth).map(|d| LocationCode(base + if d < 6 { d as u64 } else { r.below(ncodes) })).collect()
+        })
+        .collect();
+    let info = TraceInfo {
+        sample_rate: 1e-4,
+        word_size: 64,
+        executable_name: b"/usr/bin/synthetic-worker".to_vec(),
+        host_name: b"bench".to_vec(),
+        ocaml_runtime_params: b"s=262144".to_vec(),
+        pid,
+        start_time: Timestamp(start),
+        context: Some(format!("synthetic process {pid}").into_bytes()),
+        initial_domain: DomainId(0),
+        version: 2,
+    };
+    let f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut w = Writer::new(f, &info, WriterOptions { version: 2, lossless: false }).unwrap();
+    let resolve = |c: LocationCode| table.get((c.0 - base) as usize).cloned();
+    let mut live: VecDeque<(u64, ObjId)> = VecDeque::new();
+    let mut t = start;
+    let step = (span_us / events).max(1);
+    let mut n = 0;
+    let mut path = 0usize;
+    while n < events {
+        t += rng.below(2 * step + 1);
+        // collect what is due
+        while let Some(&(due, id)) = live.front() {
+            if due > t || n >= events {
+                break;
+            }
+            live.pop_front();
+            w.put_collect(Timestamp(t), DomainId(0), id).unwrap();
+            n += 1;
+        }
+        if rng.below(8) == 0 {
+            path = rng.below(paths.len() as u64) as usize;
+        }
+        let len = if rng.below(50) == 0 { 200 + rng.below(5000) } else { 1 + rng.below(16) };
+        let src = if len > 256 { AllocSource::Major } else { AllocSource::Minor };
+        let id = w.put_alloc(Timestamp(t), DomainId(0), len, 1 + (len > 1000) as u64, src, &paths[path], resolve).unwrap();
+        n += 1;
+        if rng.below(20) == 0 && n < events {
+            w.put_promote(Timestamp(t), DomainId(0), id).unwrap();
+            n += 1;
+        }
+        if rng.below(200) != 0 {
+            // most objects die young; the queue is ordered by due time only roughly
+            let due = t + 1 + rng.below(2000);
+            if live.back().is_none_or(|&(d, _)| d <= due) {
+                live.push_back((due, id));
+            } else {
+                live.push_back((live.back().unwrap().0, id));
+            }
+        }
+    }
+    w.finish().unwrap();
+}
+
+fn make_set(dir: &Path, scale: f64, length: u64) -> (Vec<PathBuf>, u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let events = (2_750_000.0 * scale) as u64 * length;
+    let span = (60_000_000.0 * scale) as u64 * length;
+    let mut paths = Vec::new();
+    let mut bytes = 0;
+    for k in 0..4u64 {
+        let p = dir.join(format!("proc-{k}.ctf"));
+        if !p.exists() {
+            write_process(&p, 1000 + k, 1_796_000_000_000_000 + k * 1_500_000, span, events, 17 + k);
+        }
+        bytes += std::fs::metadata(&p).unwrap().len();
+        paths.push(p);
+    }
+    (paths, bytes)
+}
+
+fn cli() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("memtrace-merge");
+    if !bin.exists() {
+        let st = Command::new(env!("CARGO")).args(["build", "--release", "--bin", "memtrace-merge"]).status().unwrap();
+        assert!(st.success());
+    }
+    bin
+}
+
+/// Run one merge through the CLI; returns (wall seconds, peak RSS in KiB if known).
+fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
+    let bin = cli();
+    let has_time = Path::new("/usr/bin/time").exists();
+    let start = Instant::now();
+    let output = if has_time {
+        Command::new("/usr/bin/time").args(["-f", "RSS=%M"]).arg(&bin).args(["merge", "-q", "-o"]).arg(out).args(inputs).output()
+    } else {
+        Command::new(&bin).args(["merge", "-q", "-o"]).arg(out).args(inputs).output()
+    }
+    .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    assert!(output.status.success(), "merge failed: {}", String::from_utf8_lossy(&output.stderr));
+    let rss = String::from_utf8_lossy(&output.stderr).lines().find_map(|l| l.strip_prefix("RSS=").and_then(|v| v.trim().parse().ok()));
+    (secs, rss)
+}
+
+fn best_of(n: usize, inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
+    let mut best = f64::INFINITY;
+    let mut rss = None;
+    for _ in 0..n {
+        let (s, r) = run_merge(inputs, out);
+        if s < best {
+            best = s;
+        }
+        rss = rss.max(r);
+    }
+    (best, rss)
+}
+
+fn events_of(paths: &[PathBuf]) -> u64 {
+    let mut n = 0;
+    for p in paths {
+        let mut r = memtrace_merge::Reader::open(p).unwrap();
+        r.set_parse_backtraces(false);
+        while r.next_event().unwrap().is_some() {
+            n += 1;
+        }
+    }
+    n
+}
+
+fn main() {
+    let scale: f64 = std::env::var("MERGE_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("merged.ctf");
+
+    let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"].iter().map(|n| root.join(format!("tests/data/fork/{n}.ctf"))).collect();
+    let bytes: u64 = fork.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    let (s, rss) = best_of(10, &fork, &out);
+    let ev = events_of(&fork);
+    println!(
+        "fork/ (5 files, {:.1} MB, {} events): {:.1} ms, {:.1} M events/s, peak RSS {} MB; OCaml merge {:.1} s given: {:.0}x faster (target 20x, under 50 MB)",
+        bytes as f64 / 1e6,
+        ev,
+        s * 1e3,
+        ev as f64 / s / 1e6,
+        rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
+        OCAML_FORK_S,
+        OCAML_FORK_S / s
+    );
+
+    let data = root.join("target/bench-data");
+    let mut first_rss = None;
+    for length in [1u64, 2] {
+        let t0 = Instant::now();
+        let (set, bytes) = make_set(&data.join(format!("scale{scale}-x{length}")), scale, length);
+        let gen = t0.elapsed().as_secs_f64();
+        let ev = events_of(&set);
+        let (s, rss) = best_of(3, &set, &out);
+        let ocaml = OCAML_BIG_S * scale * length as f64;
+        println!(
+            "synthetic x{length} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): {:.3} s, {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; OCaml merge ~{:.1} s (given 33 s per 100 MB): {:.0}x faster (target 50x, under 128 MB)",
+            bytes as f64 / 1e6,
+            ev as f64 / 1e6,
+            gen,
+            s,
+            ev as f64 / s / 1e6,
+            bytes as f64 / s / 1e6,
+            rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
+            ocaml,
+            ocaml / s
+        );
+        if length == 1 {
+            first_rss = rss;
+        } else if let (Some(a), Some(b)) = (first_rss, rss) {
+            println!("peak RSS when the inputs double in length: {:.1} MB -> {:.1} MB ({:+.1}%)", a as f64 / 1024.0, b as f64 / 1024.0, 100.0 * (b as f64 - a as f64) / a as f64);
+        }
+    }
+}
