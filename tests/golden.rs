@@ -147,6 +147,14 @@ fn check_golden(ctf: &Path) {
         (Err(e), 0) => problems.push(format!(
             "our dump failed ({e}) where the reference succeeded"
         )),
+        // A file cut inside a packet header crashes the reference ("Buffer underflow");
+        // our reader deliberately ends the trace there with a warning instead, after the
+        // same events.
+        (Ok(()), _)
+            if !o.warnings.is_empty()
+                && o.warnings
+                    .iter()
+                    .any(|w| w.contains("inside a packet header")) => {}
         (Ok(()), st) => problems.push(format!(
             "our dump succeeded where the reference failed with exit status {st} ({:?})",
             stderr.as_ref().map(|s| &s.lines)
