@@ -20,7 +20,7 @@ use memtrace_merge::{
     Writer, WriterOptions,
 };
 use proptest::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 // ---- a small deterministic PRNG ---------------------------------------------------------
@@ -67,6 +67,10 @@ struct Params {
     deep: bool,
     /// Include gaps over 30 s and over 2^25 us.
     big_gaps: bool,
+    /// Format 3: flush a domain's packet when switching domains, as the reference's
+    /// multiplexed writer does (else each domain keeps its packet open until full, and only
+    /// each domain's own order is kept in the file).
+    flush_on_switch: bool,
 }
 
 /// Frames a backtrace may add beyond its common prefix in reference-budget mode without
@@ -475,6 +479,9 @@ fn write_stream(p: &Params, c: &Corpus) -> Result<Written, String> {
         },
     )
     .map_err(|e| e.to_string())?;
+    if !p.flush_on_switch {
+        w.set_flush_on_domain_switch(false);
+    }
     let mut ids = Vec::new();
     let mut resolves = 0u64;
     let mut used = HashSet::new();
@@ -539,22 +546,53 @@ fn check_read_back(p: &Params, c: &Corpus, w: &Written) -> Result<u64, String> {
     }
     let mut checked: HashSet<LocationCode> = HashSet::new();
     let mut n = 0u64;
-    let mut alloc_no = 0usize;
+    // Ops not yet read back, per domain, with the ordinal of each allocation. The file keeps
+    // each domain's order; with a flush on every domain switch, the global order too.
+    let mut pending: HashMap<u16, VecDeque<(usize, Op)>> = HashMap::new();
+    let mut allocs_generated = 0usize;
     loop {
-        let op = g.next(c);
         let got = r
             .next_with_locations()
             .map_err(|e| format!("reading event #{n}: {e}"))?;
-        let (ev, table) = match (got, op) {
-            (None, None) => break,
-            (Some((ev, table)), Some(op)) => ((ev, op), table),
-            (got, op) => {
+        let Some((ev, table)) = got else {
+            let left: usize = pending.values().map(|q| q.len()).sum();
+            let more = g.next(c);
+            if left > 0 || more.is_some() {
                 return Err(format!(
-                    "event #{n}: read {:?}, wrote {op:?}",
-                    got.map(|(e, _)| e.to_owned_event())
-                ))
+                    "the trace ends after {n} events, but {} more were written (next: {:?})",
+                    left + more.is_some() as usize,
+                    more
+                ));
             }
+            break;
         };
+        let d = ev.domain().0;
+        while pending.get(&d).is_none_or(|q| q.is_empty()) {
+            let Some(op) = g.next(c) else {
+                return Err(format!(
+                    "event #{n}: read {:?}, but nothing more was written to domain {d}",
+                    ev.to_owned_event()
+                ));
+            };
+            let od = match &op {
+                Op::Alloc { domain, .. }
+                | Op::Promote { domain, .. }
+                | Op::Collect { domain, .. } => *domain,
+            };
+            let ordinal = allocs_generated;
+            if matches!(op, Op::Alloc { .. }) {
+                allocs_generated += 1;
+            }
+            pending.entry(od).or_default().push_back((ordinal, op));
+        }
+        let (alloc_no, op) = pending.get_mut(&d).unwrap().pop_front().unwrap();
+        if p.flush_on_switch && pending.values().any(|q| !q.is_empty()) {
+            return Err(format!(
+                "event #{n} ({:?}): read before earlier events of other domains",
+                ev.to_owned_event()
+            ));
+        }
+        let ev = (ev, op);
         let ok = match &ev {
             (
                 Event::Alloc(a),
@@ -610,7 +648,6 @@ fn check_read_back(p: &Params, c: &Corpus, w: &Written) -> Result<u64, String> {
             return Err(msg);
         }
         if let Event::Alloc(a) = ev.0 {
-            alloc_no += 1;
             for code in a.backtrace {
                 if checked.insert(*code) {
                     let got = table.get(code);
@@ -657,9 +694,10 @@ fn params(version: u16, lossless: bool) -> impl Strategy<Value = Params> {
         1usize..=4,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            move |(seed, events, pool, domains, deep, big_gaps)| Params {
+            move |(seed, events, pool, domains, deep, big_gaps, flush_on_switch)| Params {
                 seed,
                 events,
                 pool,
@@ -668,6 +706,7 @@ fn params(version: u16, lossless: bool) -> impl Strategy<Value = Params> {
                 domains: if version >= 3 { domains } else { 1 },
                 deep: deep && lossless,
                 big_gaps,
+                flush_on_switch: flush_on_switch || version < 3,
             },
         )
 }
@@ -722,6 +761,7 @@ fn big(version: u16, domains: usize) {
         domains,
         deep: false,
         big_gaps: true,
+        flush_on_switch: true,
     };
     let t0 = std::time::Instant::now();
     let mut rng = Rng(p.seed);
@@ -839,6 +879,7 @@ fn generator_covers_the_interesting_cases() {
         domains: 4,
         deep: true,
         big_gaps: true,
+        flush_on_switch: false,
     };
     let mut rng = Rng(p.seed);
     let c = Corpus::new(&mut rng, p.pool);
