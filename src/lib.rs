@@ -17,6 +17,7 @@ pub mod info;
 pub mod input;
 pub mod location;
 pub mod packet;
+pub(crate) mod pipeline;
 pub mod merge;
 pub mod reader;
 pub mod summary;

@@ -2,10 +2,11 @@
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
 use crate::error::{Error, Result};
-use crate::event::{AllocSource, DomainId, Event, LocationCode, ObjId, Timestamp};
+use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
-use crate::input::{FilePool, LazyFile};
-use crate::location::{IntMap, Location, LocationList};
+use crate::input::FilePool;
+use crate::location::{IntMap, Location};
+use crate::pipeline::{Batch, Codes, Ev, Pipeline, StreamSpec};
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
 use crate::writer::{Writer, WriterOptions};
@@ -222,81 +223,19 @@ impl Drop for TempOutput {
     }
 }
 
-/// Merged location codes: a code keeps its value while every input agrees on its
-/// locations; each further meaning gets a fresh code from the top of the 63-bit range.
-#[derive(Default)]
-struct Codes {
-    meanings: IntMap<LocationCode, LocationList>,
-    alternatives: HashMap<(LocationCode, LocationList), LocationCode>,
-    next_fresh: u64,
-}
-
-impl Codes {
-    const FRESH_TOP: u64 = (1 << 62) - 1;
-
-    fn fresh(&mut self) -> LocationCode {
-        loop {
-            let c = LocationCode(Self::FRESH_TOP - self.next_fresh);
-            self.next_fresh += 1;
-            if !self.meanings.contains_key(&c) {
-                return c;
-            }
-        }
-    }
-
-    /// The merged code for `code` meaning `locs`; true when it had to be remapped.
-    fn map(&mut self, code: LocationCode, locs: &LocationList) -> (LocationCode, bool) {
-        match self.meanings.get(&code) {
-            None => {
-                self.meanings.insert(code, locs.clone());
-                (code, false)
-            }
-            Some(l) if l == locs => (code, false),
-            Some(_) => {
-                if let Some(&c) = self.alternatives.get(&(code, locs.clone())) {
-                    return (c, true);
-                }
-                let c = self.fresh();
-                self.meanings.insert(c, locs.clone());
-                self.alternatives.insert((code, locs.clone()), c);
-                (c, true)
-            }
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum PendKind {
-    Alloc {
-        id: u64,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-    },
-    Promote {
-        id: u64,
-    },
-    Collect {
-        id: u64,
-    },
-}
-
-/// One stream being merged: an input's domain (formats 1-2: the whole input).
+/// One stream being merged, as the consumer sees it: the current batch and the backtrace
+/// of its last allocation (tag frame first if any).
 struct Stream {
     input: usize,
     out_domain: DomainId,
-    reader: Reader<LazyFile>,
-    time: u64,
-    pend: Option<PendKind>,
-    /// The pending allocation's backtrace, in merged codes (tag frame first if any).
+    batch: Batch,
+    pos: usize,
+    frame_pos: usize,
     bt: Vec<LocationCode>,
-    /// `bt` holds the mapping of this stream's previous allocation's whole backtrace.
-    bt_valid: bool,
 }
 
 struct InputState {
     report: InputReport,
-    code_map: IntMap<LocationCode, LocationCode>,
     /// Source object id → merged id (DROPPED when thinned away); only live objects.
     live: IntMap<u64, u64>,
     thinner: Option<Thinner>,
@@ -309,84 +248,6 @@ const DROPPED: u64 = u64::MAX;
 fn warn_input(st: &mut InputState, msg: String) {
     if st.seen_warnings.len() < 1000 && st.seen_warnings.insert(msg.clone()) {
         st.report.warnings.push(msg);
-    }
-}
-
-/// Give merged codes to codes an input just defined: the same code while inputs agree
-/// on its locations, a fresh one otherwise.
-fn claim_codes(
-    st: &mut InputState,
-    codes: &mut Codes,
-    new: &[LocationCode],
-    table: &crate::location::LocationTable,
-) {
-    for c in new {
-        if let Some(locs) = table.get(c) {
-            let (m, remapped) = codes.map(*c, locs);
-            if remapped {
-                st.report.remapped_codes += 1;
-                st.code_map.insert(*c, m);
-            }
-        }
-    }
-}
-
-/// Read the next event of a stream into its pending slot (mapping codes as it goes).
-fn advance(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
-    s.pend = None;
-    match s.reader.next_full() {
-        Ok(Some((ev, table, new))) => {
-            claim_codes(st, codes, new, table);
-            s.time = ev.time().0;
-            match ev {
-                Event::Alloc(a) => {
-                    // Frames shared with this stream's previous allocation are mapped already.
-                    let tag = st.tag.is_some() as usize;
-                    let keep = if s.bt_valid {
-                        (a.common_prefix as usize).min(a.backtrace.len())
-                    } else {
-                        0
-                    };
-                    s.bt.truncate(tag + keep);
-                    if s.bt.is_empty() {
-                        if let Some(t) = st.tag {
-                            s.bt.push(t);
-                        }
-                    }
-                    // The reader guarantees every frame is defined; only remapped codes change.
-                    if st.code_map.is_empty() {
-                        s.bt.extend_from_slice(&a.backtrace[keep..]);
-                    } else {
-                        s.bt.extend(
-                            a.backtrace[keep..]
-                                .iter()
-                                .map(|c| st.code_map.get(c).copied().unwrap_or(*c)),
-                        );
-                    }
-                    s.bt_valid = true;
-                    s.pend = Some(PendKind::Alloc {
-                        id: a.id.0,
-                        length: a.length,
-                        nsamples: a.nsamples,
-                        source: a.source,
-                    });
-                }
-                Event::Promote { id, .. } => s.pend = Some(PendKind::Promote { id: id.0 }),
-                Event::Collect { id, .. } => s.pend = Some(PendKind::Collect { id: id.0 }),
-            }
-        }
-        Ok(None) => {}
-        Err(e) => warn_input(st, format!("stopped reading after an error: {e}")),
-    }
-    if !s.reader.warnings().is_empty() {
-        for w in s.reader.take_warnings() {
-            warn_input(st, w.to_string());
-        }
-    }
-    if s.pend.is_none() {
-        let st_r = s.reader.stats();
-        st.report.skipped_packets += st_r.skipped_packets;
-        s.reader.get_ref().close();
     }
 }
 
@@ -537,9 +398,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         info.initial_domain = DomainId(0);
     }
 
-    // Per-input state and streams.
+    // Per-input state (thinning, live objects) and streams (an input, or a domain of one).
     let mut codes = Codes::default();
     let mut states = Vec::new();
+    let mut specs = Vec::new();
     let mut streams = Vec::new();
     let mut next_domain = 0u16;
     for (k, (p, i, domains)) in opened.iter().enumerate() {
@@ -557,7 +419,6 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 keep_fraction: 1.0,
                 ..Default::default()
             },
-            code_map: IntMap::default(),
             live: IntMap::default(),
             thinner: None,
             tag: None,
@@ -587,17 +448,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 end_char: 0,
                 defname: Arc::from(format!("pid {} {}", i.pid, exe).as_bytes()),
             };
-            let list: LocationList = Arc::from(vec![loc]);
-            let c = codes.fresh();
-            codes.meanings.insert(c, list);
-            st.tag = Some(c);
+            st.tag = Some(codes.fresh(Arc::from(vec![loc])));
         }
         for &d in domains {
-            let f = pool.open(p).map_err(|e| Error::io(p, "open", e))?;
-            let mut r = Reader::new(f, &p.display().to_string())?;
-            if i.version >= 3 {
-                r.set_domain_filter(Some(d));
-            }
             let out_domain = if format < 3 {
                 DomainId(0)
             } else if single {
@@ -608,14 +461,18 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
+            specs.push(StreamSpec {
+                input: k,
+                path: p.clone(),
+                domain: if i.version >= 3 { Some(d) } else { None },
+            });
             streams.push(Stream {
                 input: k,
                 out_domain,
-                reader: r,
-                time: 0,
-                pend: None,
-                bt: Vec::new(),
-                bt_valid: false,
+                batch: Batch::default(),
+                pos: 0,
+                frame_pos: 0,
+                bt: st.tag.into_iter().collect(),
             });
         }
         states.push(st);
@@ -637,32 +494,42 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
 
     let total_bytes: u64 = opened
         .iter()
-        .map(|(p, _, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .map(|(p, _, d)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) * d.len() as u64)
         .sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_progress = started;
+    let meanings = codes.meanings.clone();
+    let pipe = Pipeline::start(specs, opened.len(), codes)
+        .map_err(|e| Error::Usage(format!("cannot start the decoding thread: {e}")))?;
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
-        advance(s, &mut states[s.input], &mut codes);
-        if s.pend.is_some() {
-            heap.push(Reverse((s.time, i)));
+        s.batch = pipe.next_batch(i);
+        if s.pos < s.batch.evs.len() {
+            heap.push(Reverse((s.batch.times[0], i)));
         }
     }
     let mut nevents = 0u64;
     while let Some(mut top) = heap.peek_mut() {
-        let Reverse((_, i)) = *top;
+        let Reverse((time, i)) = *top;
         let s = &mut streams[i];
         let st = &mut states[s.input];
-        let time = Timestamp(s.time);
+        let time = Timestamp(time);
         let dom = s.out_domain;
-        match s.pend.take() {
-            Some(PendKind::Alloc {
+        match s.batch.evs[s.pos] {
+            Ev::Alloc {
                 id,
                 length,
                 nsamples,
                 source,
-            }) => {
+                keep,
+                new,
+            } => {
+                let tag = st.tag.is_some() as usize;
+                s.bt.truncate(tag + keep as usize);
+                let f = s.frame_pos;
+                s.bt.extend_from_slice(&s.batch.frames[f..f + new as usize]);
+                s.frame_pos += new as usize;
                 st.report.allocs += 1;
                 st.report.samples_read += nsamples;
                 let n = match &mut st.thinner {
@@ -672,16 +539,15 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 if n == 0 {
                     st.live.insert(id, DROPPED);
                 } else {
-                    let meanings = &codes.meanings;
                     let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| {
-                        meanings.get(&c).cloned()
+                        meanings.read().unwrap_or_else(|e| e.into_inner()).get(&c).cloned()
                     })?;
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += n;
                 }
             }
-            Some(PendKind::Promote { id }) => {
+            Ev::Promote { id } => {
                 st.report.promotes += 1;
                 match st.live.get(&id) {
                     Some(&DROPPED) => {}
@@ -692,7 +558,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     ),
                 }
             }
-            Some(PendKind::Collect { id }) => {
+            Ev::Collect { id } => {
                 st.report.collects += 1;
                 match st.live.remove(&id) {
                     Some(DROPPED) => {}
@@ -703,12 +569,17 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     ),
                 }
             }
-            None => {}
         }
-        advance(s, st, &mut codes);
-        if s.pend.is_some() {
+        s.pos += 1;
+        if s.pos == s.batch.evs.len() && !s.batch.last {
+            let next = pipe.next_batch(i);
+            pipe.recycle(std::mem::replace(&mut s.batch, next));
+            s.pos = 0;
+            s.frame_pos = 0;
+        }
+        if s.pos < s.batch.evs.len() {
             // replace the top in place (one sift-down instead of a pop and a push)
-            *top = Reverse((s.time, i));
+            *top = Reverse((s.batch.times[s.pos], i));
         } else {
             std::collections::binary_heap::PeekMut::pop(top);
         }
@@ -722,23 +593,26 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 && now.duration_since(last_progress) > Duration::from_millis(250)
             {
                 last_progress = now;
-                let done: u64 = streams.iter().map(|s| s.reader.stats().bytes).sum::<u64>()
-                    / opened
-                        .iter()
-                        .map(|(_, _, d)| d.len() as u64)
-                        .max()
-                        .unwrap_or(1)
-                        .max(1);
                 eprint!(
                     "\rmemtrace-merge: {} events, {:.0}%   ",
                     nevents,
-                    100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
+                    100.0 * (pipe.bytes_read() as f64 / total_bytes.max(1) as f64).min(1.0)
                 );
             }
         }
     }
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         eprintln!();
+    }
+    let decoded = pipe
+        .finish()
+        .map_err(|m| Error::Write(format!("internal error: the decoding thread panicked: {m}")))?;
+    for (st, d) in states.iter_mut().zip(decoded) {
+        st.report.remapped_codes = d.remapped_codes;
+        st.report.skipped_packets = d.skipped_packets;
+        let mine = std::mem::take(&mut st.report.warnings);
+        st.report.warnings = d.warnings;
+        st.report.warnings.extend(mine);
     }
     let wstats = w.stats().clone();
     let out = w.finish()?;

@@ -68,7 +68,7 @@ fn babeltrace(path: &Path) {
     let out = Command::new("babeltrace2")
         .args(["run", "--component=src:source.ctf.fs"])
         .arg(format!("--params=inputs=[\"{}\"]", dir.path().display()))
-        .args(["--component=sink:sink.dummy", "--connect=src:sink"])
+        .args(["--component=sink:sink.utils.dummy", "--connect=src:sink"])
         .output()
         .unwrap();
     assert!(
