@@ -179,20 +179,20 @@ impl Journal {
 /// Encoder state of one stream: cache, the alloc id at each entry's last use, predictions.
 #[derive(Clone)]
 pub struct CacheWriter {
-    cache: Box<[u64]>,
-    date: Box<[i64]>,
-    next: Box<[u16]>,
+    cache: Box<[u64; CACHE_SIZE]>,
+    date: Box<[i64; CACHE_SIZE]>,
+    next: Box<[u16; CACHE_SIZE]>,
     next_verify: u16,
+}
+
+/// A zeroed fixed-size table on the heap (no 128 KiB array on the stack).
+fn table<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
+    vec![T::default(); CACHE_SIZE].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
 }
 
 impl Default for CacheWriter {
     fn default() -> Self {
-        CacheWriter {
-            cache: vec![0; CACHE_SIZE].into_boxed_slice(),
-            date: vec![0; CACHE_SIZE].into_boxed_slice(),
-            next: vec![0; CACHE_SIZE].into_boxed_slice(),
-            next_verify: 4242,
-        }
+        CacheWriter { cache: table(), date: table(), next: table(), next_verify: 4242 }
     }
 }
 
@@ -208,7 +208,7 @@ impl CacheWriter {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn put_hit(b: &mut WriteBuf, bucket: usize, ncorrect: usize) {
         match ncorrect {
             0 => b.u16((bucket << 2) as u16),
@@ -243,12 +243,12 @@ impl CacheWriter {
         mut journal: Option<&mut Journal>,
         mut on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
+        const M: usize = CACHE_SIZE - 1;
         macro_rules! save {
             ($i:expr) => {
                 if let Some(j) = journal.as_deref_mut() {
-                    let i = $i;
-                    j.saved
-                        .push((i as u16, self.cache[i], self.date[i], self.next[i]));
+                    let i = $i & M;
+                    j.saved.push((i as u16, self.cache[i], self.date[i], self.next[i]));
                 }
             };
         }
@@ -261,24 +261,22 @@ impl CacheWriter {
             if pos >= n || b.len() > limit {
                 return (ncodes, pos);
             }
-            let slot = frames[pos].0;
-            let (h1, h2) = buckets(frames[pos]);
+            let code = frames[pos];
+            let slot = code.0;
+            let (h1, h2) = buckets(code);
+            let (h1, h2) = (h1 & M, h2 & M);
             let hit = if self.cache[h1] == slot {
                 h1
             } else if self.cache[h2] == slot {
                 h2
             } else {
                 on_miss(pos);
-                let bucket = if self.date[h1] < self.date[h2] {
-                    h1
-                } else {
-                    h2
-                };
+                let bucket = if self.date[h1] < self.date[h2] { h1 } else { h2 };
                 save!(bucket);
                 save!(predictor);
                 self.cache[bucket] = slot;
                 self.date[bucket] = alloc_id;
-                self.next[predictor] = bucket as u16;
+                self.next[predictor & M] = bucket as u16;
                 b.u16(((bucket << 2) | 3) as u16);
                 b.u64(slot);
                 predictor = bucket;
@@ -291,20 +289,23 @@ impl CacheWriter {
             loop {
                 save!(hit);
                 save!(predictor);
-                self.date[hit] = alloc_id;
-                self.next[predictor] = hit as u16;
+                self.date[hit & M] = alloc_id;
+                self.next[predictor & M] = hit as u16;
                 let orig = hit;
                 predictor = hit;
                 let mut ncorrect = 0usize;
                 pos += 1;
                 ncodes += 1;
                 loop {
-                    if pos >= n || b.len() + 2 > limit {
+                    let Some(&LocationCode(slot)) = frames.get(pos) else {
+                        Self::put_hit(b, orig, ncorrect);
+                        return (ncodes, pos);
+                    };
+                    if b.len() + 2 > limit {
                         Self::put_hit(b, orig, ncorrect);
                         return (ncodes, pos);
                     }
-                    let slot = frames[pos].0;
-                    let pb = self.next[predictor] as usize;
+                    let pb = self.next[predictor & M] as usize & M;
                     if self.cache[pb] == slot {
                         if ncorrect == 255 {
                             Self::put_hit(b, orig, ncorrect);
