@@ -6,7 +6,10 @@
 //!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
 
-use memtrace_merge::{AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp, TraceInfo, Writer, WriterOptions};
+use memtrace_merge::{
+    AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp, TraceInfo,
+    Writer, WriterOptions,
+};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +22,10 @@ const OCAML_BIG_S: f64 = 33.0;
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn below(&mut self, n: u64) -> u64 {
@@ -50,7 +56,9 @@ fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, s
         .map(|p| {
             let depth = 8 + (p * 13 % 33);
             let mut r = Lcg(p as u64 * 31 + seed);
-            (0..depth).map(|d| LocationCode(base + if d < 6 { d as u64 } else { r.below(ncodes) })).collect()
+            (0..depth)
+                .map(|d| LocationCode(base + if d < 6 { d as u64 } else { r.below(ncodes) }))
+                .collect()
         })
         .collect();
     let info = TraceInfo {
@@ -66,7 +74,15 @@ fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, s
         version: 2,
     };
     let f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut w = Writer::new(f, &info, WriterOptions { version: 2, lossless: false }).unwrap();
+    let mut w = Writer::new(
+        f,
+        &info,
+        WriterOptions {
+            version: 2,
+            lossless: false,
+        },
+    )
+    .unwrap();
     let resolve = |c: LocationCode| table.get((c.0 - base) as usize).cloned();
     let mut live: VecDeque<(u64, ObjId)> = VecDeque::new();
     let mut t = start;
@@ -87,9 +103,27 @@ fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, s
         if rng.below(8) == 0 {
             path = rng.below(paths.len() as u64) as usize;
         }
-        let len = if rng.below(50) == 0 { 200 + rng.below(5000) } else { 1 + rng.below(16) };
-        let src = if len > 256 { AllocSource::Major } else { AllocSource::Minor };
-        let id = w.put_alloc(Timestamp(t), DomainId(0), len, 1 + (len > 1000) as u64, src, &paths[path], resolve).unwrap();
+        let len = if rng.below(50) == 0 {
+            200 + rng.below(5000)
+        } else {
+            1 + rng.below(16)
+        };
+        let src = if len > 256 {
+            AllocSource::Major
+        } else {
+            AllocSource::Minor
+        };
+        let id = w
+            .put_alloc(
+                Timestamp(t),
+                DomainId(0),
+                len,
+                1 + (len > 1000) as u64,
+                src,
+                &paths[path],
+                resolve,
+            )
+            .unwrap();
         n += 1;
         if rng.below(20) == 0 && n < events {
             w.put_promote(Timestamp(t), DomainId(0), id).unwrap();
@@ -117,7 +151,14 @@ fn make_set(dir: &Path, scale: f64, length: u64) -> (Vec<PathBuf>, u64) {
     for k in 0..4u64 {
         let p = dir.join(format!("proc-{k}.ctf"));
         if !p.exists() {
-            write_process(&p, 1000 + k, 1_796_000_000_000_000 + k * 1_500_000, span, events, 17 + k);
+            write_process(
+                &p,
+                1000 + k,
+                1_796_000_000_000_000 + k * 1_500_000,
+                span,
+                events,
+                17 + k,
+            );
         }
         bytes += std::fs::metadata(&p).unwrap().len();
         paths.push(p);
@@ -130,7 +171,10 @@ fn cli() -> PathBuf {
     let dir = exe.parent().unwrap().parent().unwrap();
     let bin = dir.join("memtrace-merge");
     if !bin.exists() {
-        let st = Command::new(env!("CARGO")).args(["build", "--release", "--bin", "memtrace-merge"]).status().unwrap();
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--bin", "memtrace-merge"])
+            .status()
+            .unwrap();
         assert!(st.success());
     }
     bin
@@ -142,14 +186,30 @@ fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
     let has_time = Path::new("/usr/bin/time").exists();
     let start = Instant::now();
     let output = if has_time {
-        Command::new("/usr/bin/time").args(["-f", "RSS=%M"]).arg(&bin).args(["merge", "-q", "-o"]).arg(out).args(inputs).output()
+        Command::new("/usr/bin/time")
+            .args(["-f", "RSS=%M"])
+            .arg(&bin)
+            .args(["merge", "-q", "-o"])
+            .arg(out)
+            .args(inputs)
+            .output()
     } else {
-        Command::new(&bin).args(["merge", "-q", "-o"]).arg(out).args(inputs).output()
+        Command::new(&bin)
+            .args(["merge", "-q", "-o"])
+            .arg(out)
+            .args(inputs)
+            .output()
     }
     .unwrap();
     let secs = start.elapsed().as_secs_f64();
-    assert!(output.status.success(), "merge failed: {}", String::from_utf8_lossy(&output.stderr));
-    let rss = String::from_utf8_lossy(&output.stderr).lines().find_map(|l| l.strip_prefix("RSS=").and_then(|v| v.trim().parse().ok()));
+    assert!(
+        output.status.success(),
+        "merge failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rss = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("RSS=").and_then(|v| v.trim().parse().ok()));
     (secs, rss)
 }
 
@@ -179,13 +239,22 @@ fn events_of(paths: &[PathBuf]) -> u64 {
 }
 
 fn main() {
-    let scale: f64 = std::env::var("MERGE_BENCH_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0);
+    let scale: f64 = std::env::var("MERGE_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("merged.ctf");
 
-    let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"].iter().map(|n| root.join(format!("tests/data/fork/{n}.ctf"))).collect();
-    let bytes: u64 = fork.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
+        .iter()
+        .map(|n| root.join(format!("tests/data/fork/{n}.ctf")))
+        .collect();
+    let bytes: u64 = fork
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
     let (s, rss) = best_of(10, &fork, &out);
     let ev = events_of(&fork);
     println!(
@@ -223,7 +292,12 @@ fn main() {
         if length == 1 {
             first_rss = rss;
         } else if let (Some(a), Some(b)) = (first_rss, rss) {
-            println!("peak RSS when the inputs double in length: {:.1} MB -> {:.1} MB ({:+.1}%)", a as f64 / 1024.0, b as f64 / 1024.0, 100.0 * (b as f64 - a as f64) / a as f64);
+            println!(
+                "peak RSS when the inputs double in length: {:.1} MB -> {:.1} MB ({:+.1}%)",
+                a as f64 / 1024.0,
+                b as f64 / 1024.0,
+                100.0 * (b as f64 - a as f64) / a as f64
+            );
         }
     }
 }

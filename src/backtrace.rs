@@ -187,12 +187,20 @@ pub struct CacheWriter {
 
 /// A zeroed fixed-size table on the heap (no 128 KiB array on the stack).
 fn table<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
-    vec![T::default(); CACHE_SIZE].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!())
+    vec![T::default(); CACHE_SIZE]
+        .into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!())
 }
 
 impl Default for CacheWriter {
     fn default() -> Self {
-        CacheWriter { cache: table(), date: table(), next: table(), next_verify: 4242 }
+        CacheWriter {
+            cache: table(),
+            date: table(),
+            next: table(),
+            next_verify: 4242,
+        }
     }
 }
 
@@ -248,7 +256,8 @@ impl CacheWriter {
             ($i:expr) => {
                 if let Some(j) = journal.as_deref_mut() {
                     let i = $i & M;
-                    j.saved.push((i as u16, self.cache[i], self.date[i], self.next[i]));
+                    j.saved
+                        .push((i as u16, self.cache[i], self.date[i], self.next[i]));
                 }
             };
         }
@@ -271,7 +280,11 @@ impl CacheWriter {
                 h2
             } else {
                 on_miss(pos);
-                let bucket = if self.date[h1] < self.date[h2] { h1 } else { h2 };
+                let bucket = if self.date[h1] < self.date[h2] {
+                    h1
+                } else {
+                    h2
+                };
                 save!(bucket);
                 save!(predictor);
                 self.cache[bucket] = slot;

@@ -111,7 +111,10 @@ impl Default for WriteBuf {
 
 impl WriteBuf {
     pub fn with_capacity(n: usize) -> Self {
-        WriteBuf { buf: vec![0; n.max(16)], len: 0 }
+        WriteBuf {
+            buf: vec![0; n.max(16)],
+            len: 0,
+        }
     }
     /// The bytes written so far.
     #[inline]

@@ -22,6 +22,14 @@ pub fn copy<R: Read, W: Write>(
     let mut warnings = Vec::new();
     let v2_out = opts.version < 3;
     let same_layout = v2_out == (reader.info().version < 3);
+    // When the id layout changes (format-3 chunks <-> format-2 sequence), promotes and
+    // collects follow their object through this map (live objects only).
+    let mut ids: crate::location::IntMap<u64, u64> = Default::default();
+    let remap = |ids: &crate::location::IntMap<u64, u64>, id: crate::event::ObjId, what: &str| {
+        ids.get(&id.0)
+            .map(|&o| crate::event::ObjId(o))
+            .ok_or_else(|| Error::Write(format!("{what} of object {} which is not live", id.0)))
+    };
     while let Some((ev, table)) = reader.next_with_locations()? {
         let dom = if v2_out {
             crate::event::DomainId(0)
@@ -45,6 +53,18 @@ pub fn copy<R: Read, W: Write>(
                         a.id.0, id.0
                     )));
                 }
+                if !same_layout {
+                    ids.insert(a.id.0, id.0);
+                }
+            }
+            Event::Promote { time, id, .. } if !same_layout => {
+                let o = remap(&ids, id, "promote")?;
+                w.put_promote(time, dom, o)?
+            }
+            Event::Collect { time, id, .. } if !same_layout => {
+                let o = remap(&ids, id, "collect")?;
+                ids.remove(&id.0);
+                w.put_collect(time, dom, o)?
             }
             Event::Promote { time, id, .. } => w.put_promote(time, dom, id)?,
             Event::Collect { time, id, .. } => w.put_collect(time, dom, id)?,
@@ -54,7 +74,6 @@ pub fn copy<R: Read, W: Write>(
         }
     }
     warnings.extend(reader.take_warnings());
-    let stats = w.stats().clone();
-    let out = w.finish()?;
+    let (out, stats) = w.finish_with_stats()?;
     Ok((out, stats, warnings))
 }

@@ -16,16 +16,18 @@ pub mod ffi;
 pub mod info;
 pub mod input;
 pub mod location;
+pub mod merge;
 pub mod packet;
 pub(crate) mod pipeline;
-pub mod merge;
 pub mod reader;
 pub mod summary;
 pub mod thin;
 pub mod writer;
 
 pub use error::{Error, Malformed, Position, Result};
-pub use event::{Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp};
+pub use event::{
+    Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp,
+};
 pub use info::TraceInfo;
 pub use location::{Location, LocationList, LocationTable};
 pub use reader::{ReadStats, Reader, Warning};

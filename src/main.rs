@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "memtrace-merge", version, about = "Merge, dump and check memtrace traces (.ctf) of OCaml programs")]
+#[command(
+    name = "memtrace-merge",
+    version,
+    about = "Merge, dump and check memtrace traces (.ctf) of OCaml programs"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -17,9 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Print every event as the reference dump tool does
-    Dump {
-        file: PathBuf,
-    },
+    Dump { file: PathBuf },
     /// Print a trace's header fields and statistics
     Info {
         file: PathBuf,
@@ -136,7 +138,18 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             res?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Merge { output, format, rate_mismatch, seed, tag_processes, skip_bad_inputs, pid, context, quiet, inputs } => {
+        Cmd::Merge {
+            output,
+            format,
+            rate_mismatch,
+            seed,
+            tag_processes,
+            skip_bad_inputs,
+            pid,
+            context,
+            quiet,
+            inputs,
+        } => {
             let opts = memtrace_merge::merge::MergeOptions {
                 format,
                 rate_mismatch: match rate_mismatch {
@@ -156,9 +169,17 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Compare { merged, sources, ignore_nsamples, strip_root_frames } => {
+        Cmd::Compare {
+            merged,
+            sources,
+            ignore_nsamples,
+            strip_root_frames,
+        } => {
             let sources = memtrace_merge::merge::expand_inputs(&sources)?;
-            let opts = memtrace_merge::compare::CompareOptions { ignore_nsamples, strip_root_frames };
+            let opts = memtrace_merge::compare::CompareOptions {
+                ignore_nsamples,
+                strip_root_frames,
+            };
             let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
             println!(
                 "sources: {} allocs, {} samples; merged: {} allocs, {} samples; missing {}, extra {}: {}",
@@ -170,14 +191,30 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 r.extra,
                 if r.equal() { "equal" } else { "DIFFERENT" }
             );
-            Ok(if r.equal() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if r.equal() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
-        Cmd::Copy { input, output, format } => {
+        Cmd::Copy {
+            input,
+            output,
+            format,
+        } => {
             let mut r = Reader::open(&input)?;
             let version = format.unwrap_or(r.info().version.max(2));
-            let f = std::fs::File::create(&output).map_err(|e| memtrace_merge::Error::io(&output, "create", e))?;
+            let f = std::fs::File::create(&output)
+                .map_err(|e| memtrace_merge::Error::io(&output, "create", e))?;
             let out = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (_, _, warnings) = memtrace_merge::copy::copy(&mut r, out, memtrace_merge::WriterOptions { version, lossless: false })?;
+            let (_, _, warnings) = memtrace_merge::copy::copy(
+                &mut r,
+                out,
+                memtrace_merge::WriterOptions {
+                    version,
+                    lossless: false,
+                },
+            )?;
             for w in warnings {
                 eprintln!("warning: {w}");
             }

@@ -540,7 +540,11 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     st.live.insert(id, DROPPED);
                 } else {
                     let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| {
-                        meanings.read().unwrap_or_else(|e| e.into_inner()).get(&c).cloned()
+                        meanings
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&c)
+                            .cloned()
                     })?;
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;

@@ -38,10 +38,18 @@ impl Codes {
 
     /// The merged code for `code` meaning `locs`; true when it had to be remapped.
     fn map(&mut self, code: LocationCode, locs: &LocationList) -> (LocationCode, bool) {
-        let known = self.meanings.read().unwrap_or_else(|e| e.into_inner()).get(&code).cloned();
+        let known = self
+            .meanings
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&code)
+            .cloned();
         match known {
             None => {
-                self.meanings.write().unwrap_or_else(|e| e.into_inner()).insert(code, locs.clone());
+                self.meanings
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(code, locs.clone());
                 (code, false)
             }
             Some(l) if l == *locs => (code, false),
@@ -61,9 +69,20 @@ impl Codes {
 /// same stream) first `keep` frames followed by `new` frames from the batch's frame list.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
-    Alloc { id: u64, length: u64, nsamples: u64, source: AllocSource, keep: u32, new: u32 },
-    Promote { id: u64 },
-    Collect { id: u64 },
+    Alloc {
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        keep: u32,
+        new: u32,
+    },
+    Promote {
+        id: u64,
+    },
+    Collect {
+        id: u64,
+    },
 }
 
 /// Events of one stream, in its order.
@@ -125,9 +144,18 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// Start decoding `streams` (of `ninputs` inputs) on a worker thread.
-    pub fn start(streams: Vec<StreamSpec>, ninputs: usize, mut codes: Codes) -> std::io::Result<Pipeline> {
+    pub fn start(
+        streams: Vec<StreamSpec>,
+        ninputs: usize,
+        mut codes: Codes,
+    ) -> std::io::Result<Pipeline> {
         let shared = Arc::new(Shared {
-            queues: (0..streams.len()).map(|_| Queue { q: Mutex::new(VecDeque::new()), cv: Condvar::new() }).collect(),
+            queues: (0..streams.len())
+                .map(|_| Queue {
+                    q: Mutex::new(VecDeque::new()),
+                    cv: Condvar::new(),
+                })
+                .collect(),
             wake: Mutex::new(false),
             wake_cv: Condvar::new(),
             abort: AtomicBool::new(false),
@@ -138,7 +166,10 @@ impl Pipeline {
         let handle = std::thread::Builder::new()
             .name("memtrace-merge-decode".into())
             .spawn(move || decode_all(&sh, streams, ninputs, &mut codes))?;
-        Ok(Pipeline { shared, handle: Some(handle) })
+        Ok(Pipeline {
+            shared,
+            handle: Some(handle),
+        })
     }
 
     /// The next batch of stream `i` (waiting for the decoder if need be).
@@ -153,10 +184,16 @@ impl Pipeline {
             }
             if self.decoder_gone() {
                 // The decoder died (it panicked): end the stream; `finish` reports it.
-                return Batch { last: true, ..Default::default() };
+                return Batch {
+                    last: true,
+                    ..Default::default()
+                };
             }
             self.poke();
-            g = q.cv.wait_timeout(g, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+            g =
+                q.cv.wait_timeout(g, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
         }
     }
 
@@ -225,7 +262,13 @@ fn warn(rep: &mut DecodeReport, seen: &mut HashSet<String>, msg: String) {
     }
 }
 
-fn claim(codes: &mut Codes, map: &mut IntMap<LocationCode, LocationCode>, rep: &mut DecodeReport, new: &[LocationCode], table: &LocationTable) {
+fn claim(
+    codes: &mut Codes,
+    map: &mut IntMap<LocationCode, LocationCode>,
+    rep: &mut DecodeReport,
+    new: &[LocationCode],
+    table: &LocationTable,
+) {
     for c in new {
         if let Some(locs) = table.get(c) {
             let (m, remapped) = codes.map(*c, locs);
@@ -237,7 +280,12 @@ fn claim(codes: &mut Codes, map: &mut IntMap<LocationCode, LocationCode>, rep: &
     }
 }
 
-fn decode_all(sh: &Shared, specs: Vec<StreamSpec>, ninputs: usize, codes: &mut Codes) -> Vec<DecodeReport> {
+fn decode_all(
+    sh: &Shared,
+    specs: Vec<StreamSpec>,
+    ninputs: usize,
+    codes: &mut Codes,
+) -> Vec<DecodeReport> {
     let mut reports = vec![DecodeReport::default(); ninputs];
     let mut seen: Vec<HashSet<String>> = vec![HashSet::new(); ninputs];
     let mut maps: Vec<IntMap<LocationCode, LocationCode>> = vec![IntMap::default(); ninputs];
@@ -253,11 +301,27 @@ fn decode_all(sh: &Shared, specs: Vec<StreamSpec>, ninputs: usize, codes: &mut C
             match r {
                 Ok(mut r) => {
                     r.set_domain_filter(s.domain);
-                    DecState { reader: Some(r), input: s.input, bt_valid: false, done: false, counted: 0 }
+                    DecState {
+                        reader: Some(r),
+                        input: s.input,
+                        bt_valid: false,
+                        done: false,
+                        counted: 0,
+                    }
                 }
                 Err(e) => {
-                    warn(&mut reports[s.input], &mut seen[s.input], format!("could not be read again: {e}"));
-                    DecState { reader: None, input: s.input, bt_valid: false, done: false, counted: 0 }
+                    warn(
+                        &mut reports[s.input],
+                        &mut seen[s.input],
+                        format!("could not be read again: {e}"),
+                    );
+                    DecState {
+                        reader: None,
+                        input: s.input,
+                        bt_valid: false,
+                        done: false,
+                        counted: 0,
+                    }
                 }
             }
         })
@@ -273,14 +337,31 @@ fn decode_all(sh: &Shared, specs: Vec<StreamSpec>, ninputs: usize, codes: &mut C
                 continue;
             }
             all_done = false;
-            let queued = sh.queues[i].q.lock().unwrap_or_else(|e| e.into_inner()).len();
+            let queued = sh.queues[i]
+                .q
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len();
             if queued >= DEPTH {
                 continue;
             }
             worked = true;
-            let mut b = sh.free.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+            let mut b = sh
+                .free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
             let k = s.input;
-            fill(s, &mut b, batch_events, codes, &mut maps[k], &mut reports[k], &mut seen[k]);
+            fill(
+                s,
+                &mut b,
+                batch_events,
+                codes,
+                &mut maps[k],
+                &mut reports[k],
+                &mut seen[k],
+            );
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
                 sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -302,7 +383,11 @@ fn decode_all(sh: &Shared, specs: Vec<StreamSpec>, ninputs: usize, codes: &mut C
         if !worked {
             let mut w = sh.wake.lock().unwrap_or_else(|e| e.into_inner());
             if !*w {
-                w = sh.wake_cv.wait_timeout(w, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+                w = sh
+                    .wake_cv
+                    .wait_timeout(w, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
             *w = false;
         }
@@ -333,12 +418,17 @@ fn fill(
                 b.times.push(ev.time().0);
                 match ev {
                     Event::Alloc(a) => {
-                        let keep = if s.bt_valid { (a.common_prefix as usize).min(a.backtrace.len()) } else { 0 };
+                        let keep = if s.bt_valid {
+                            (a.common_prefix as usize).min(a.backtrace.len())
+                        } else {
+                            0
+                        };
                         let fresh = &a.backtrace[keep..];
                         if map.is_empty() {
                             b.frames.extend_from_slice(fresh);
                         } else {
-                            b.frames.extend(fresh.iter().map(|c| map.get(c).copied().unwrap_or(*c)));
+                            b.frames
+                                .extend(fresh.iter().map(|c| map.get(c).copied().unwrap_or(*c)));
                         }
                         s.bt_valid = true;
                         b.evs.push(Ev::Alloc {

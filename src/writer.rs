@@ -465,7 +465,12 @@ impl<W: Write> Writer<W> {
 
     /// Flush the current domain's packet (as the reference's `flush`/`close`) and hand back
     /// the output.
-    pub fn finish(mut self) -> Result<W> {
+    pub fn finish(self) -> Result<W> {
+        Ok(self.finish_with_stats()?.0)
+    }
+
+    /// [`Writer::finish`], also giving the final counts (the last packets included).
+    pub fn finish_with_stats(mut self) -> Result<(W, WriteStats)> {
         if self.switch_flush {
             let si = self.last;
             let now = self.streams[si].time_end;
@@ -479,7 +484,7 @@ impl<W: Write> Writer<W> {
         self.out
             .flush()
             .map_err(|e| Error::io("<output>", "flush", e))?;
-        Ok(self.out)
+        Ok((self.out, self.stats))
     }
 }
 
