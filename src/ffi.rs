@@ -9,6 +9,22 @@ use std::os::raw::{c_char, c_int};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+/// Make SIGINT and SIGTERM stop a running merge cleanly: the handler only sets
+/// [`merge::INTERRUPT`], which the merge polls; it then removes its temporary file and
+/// returns an error, so nothing is left at the output path. For the command line (a
+/// library must not take over its host's signals).
+pub fn install_interrupt_handler() {
+    extern "C" fn on_signal(_: c_int) {
+        merge::INTERRUPT.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let handler: extern "C" fn(c_int) = on_signal;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+}
+
 /// `MemtraceMergeOptions.format`: format 2 when every input is at most 2, else 3.
 pub const MEMTRACE_MERGE_FORMAT_AUTO: u32 = 0;
 /// `MemtraceMergeOptions.format`: write format version 2.

@@ -163,7 +163,15 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 context: context.map(String::into_bytes),
                 progress: !quiet,
             };
-            let report = memtrace_merge::merge::merge(&inputs, &output, &opts)?;
+            memtrace_merge::ffi::install_interrupt_handler();
+            let report = memtrace_merge::merge::merge(&inputs, &output, &opts);
+            if report.is_err()
+                && memtrace_merge::merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!("memtrace-merge: interrupted; no output written");
+                return Ok(ExitCode::from(130));
+            }
+            let report = report?;
             if !quiet {
                 eprint!("{}", memtrace_merge::merge::format_report(&report));
             }
