@@ -1,0 +1,1519 @@
+//! Bad input, handled: a structure-aware mutation test over real traces (bit flips,
+//! truncations, duplicated/swapped/deleted packets, size, version, pid, time and id fields),
+//! each case run through `check`, `dump`, `summary` and `merge` (library, and a sample through
+//! the command line under a memory cap); damaged traces as killed workers leave them; and a
+//! merge that fails, runs out of disk or is interrupted leaves nothing behind.
+
+use memtrace_merge::check::{check_file, CheckOptions};
+use memtrace_merge::compare::{compare, CompareOptions};
+use memtrace_merge::merge::{merge, MergeOptions, MergeReport, INTERRUPT};
+use memtrace_merge::{dump, summary, Error, Reader};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Merges take it shared; the interrupt test takes it alone (INTERRUPT is process-wide).
+static MERGE_LOCK: RwLock<()> = RwLock::new(());
+
+fn merge_lock() -> std::sync::RwLockReadGuard<'static, ()> {
+    MERGE_LOCK.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn data(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_memtrace-merge")
+}
+
+/// A scratch directory, in memory when /dev/shm is there (merges sync their output).
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::Builder::new()
+            .prefix("mtm-robust")
+            .tempdir_in(shm)
+        {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packets of a trace (see src/packet.rs): magic u32, size in bits u32, time_begin u64,
+// time_end u64, flush_duration u32, version u16, pid u64, [v3: domain u16], verifier
+// (index u16, prediction u16, value u64), alloc_id_begin u64, alloc_id_end u64.
+
+const SIZE: usize = 4;
+const TIME_BEGIN: usize = 8;
+const TIME_END: usize = 16;
+const VERSION: usize = 28;
+const PID: usize = 30;
+const DOMAIN: usize = 38;
+
+#[derive(Clone, Copy, Debug)]
+struct Pkt {
+    off: usize,
+    size: usize,
+    /// header size (66 or 68)
+    hs: usize,
+}
+
+impl Pkt {
+    fn end(&self) -> usize {
+        self.off + self.size
+    }
+    /// offset of alloc_id_begin (alloc_id_end follows)
+    fn ids(&self) -> usize {
+        self.off + self.hs - 16
+    }
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn set_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes())
+}
+fn set_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes())
+}
+fn set_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes())
+}
+
+/// The packets of a well-formed trace, in file order.
+fn packets(b: &[u8]) -> Vec<Pkt> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 68 <= b.len() {
+        assert_eq!(u32_at(b, off), 0xc1fc_1fc1, "magic at {off}");
+        let size = u32_at(b, off + SIZE) as usize / 8;
+        let hs = if u16_at(b, off + VERSION) >= 3 {
+            68
+        } else {
+            66
+        };
+        assert!(size >= hs && off + size <= b.len(), "packet at {off}");
+        out.push(Pkt { off, size, hs });
+        off += size;
+    }
+    assert_eq!(off, b.len(), "trailing bytes");
+    out
+}
+
+/// The first packets of a trace, as many as fit in `max` bytes (at least two).
+fn prefix(b: &[u8], max: usize) -> Vec<u8> {
+    let p = packets(b);
+    let end = p
+        .iter()
+        .map(|p| p.end())
+        .take_while(|&e| e <= max)
+        .last()
+        .unwrap_or(0)
+        .max(p[1.min(p.len() - 1)].end());
+    b[..end].to_vec()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic random numbers (splitmix64).
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..n (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    /// Uniform in lo..hi (empty range: lo).
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.below(hi - lo)
+        }
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len())]
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutations.
+
+const KINDS: usize = 23;
+
+/// Apply mutation `kind` to `b` (whose packets, before any mutation, are `p`).
+fn mutate(kind: usize, rng: &mut Rng, b: &mut Vec<u8>, p: &[Pkt]) -> String {
+    let n = p.len();
+    let any = |rng: &mut Rng| *rng.pick(p);
+    // an event packet when there is one
+    let event_pkt = |rng: &mut Rng| if n > 1 { p[rng.range(1, n)] } else { p[0] };
+    match kind {
+        0 => {
+            let k = rng.range(1, 5);
+            for _ in 0..k {
+                let at = rng.below(b.len());
+                b[at] ^= 1 << rng.below(8);
+            }
+            format!("{k} random bit flips")
+        }
+        1 => {
+            let q = any(rng);
+            let at = q.off + rng.below(q.hs);
+            b[at] ^= 1 << rng.below(8);
+            format!(
+                "bit flip in the header of the packet at {} (byte {at})",
+                q.off
+            )
+        }
+        2 => {
+            let at = rng.below(b.len());
+            b.truncate(at);
+            format!("cut at byte {at}")
+        }
+        3 => {
+            let q = any(rng);
+            let at = q.off + rng.range(1, q.hs);
+            b.truncate(at);
+            format!(
+                "cut inside the header of the packet at {} (byte {at})",
+                q.off
+            )
+        }
+        4 => {
+            let q = any(rng);
+            let at = q.off + rng.range(q.hs + 1, q.size);
+            b.truncate(at);
+            format!("cut inside the body of the packet at {} (byte {at})", q.off)
+        }
+        5 => {
+            let at = if rng.below(8) == 0 { 0 } else { any(rng).end() };
+            b.truncate(at);
+            format!("cut at the packet boundary {at}")
+        }
+        6 => {
+            let q = any(rng);
+            let pkt = b[q.off..q.end()].to_vec();
+            let at = if rng.below(2) == 0 {
+                q.end()
+            } else {
+                any(rng).off
+            };
+            b.splice(at..at, pkt);
+            format!("packet at {} duplicated at {at}", q.off)
+        }
+        7 => {
+            let (x, y) = (event_pkt(rng), event_pkt(rng));
+            let (x, y) = if x.off <= y.off { (x, y) } else { (y, x) };
+            if x.off == y.off {
+                return "swap of a packet with itself".into();
+            }
+            let mut v = b[..x.off].to_vec();
+            v.extend_from_slice(&b[y.off..y.end()]);
+            v.extend_from_slice(&b[x.end()..y.off]);
+            v.extend_from_slice(&b[x.off..x.end()]);
+            v.extend_from_slice(&b[y.end()..]);
+            *b = v;
+            format!("packets at {} and {} swapped", x.off, y.off)
+        }
+        8 => {
+            let q = any(rng);
+            b.drain(q.off..q.end());
+            format!("packet at {} deleted", q.off)
+        }
+        9 => {
+            let q = any(rng);
+            let v = rng.next() as u32;
+            set_u32(b, q.off + SIZE, v);
+            format!("size of the packet at {} set to {v} bits", q.off)
+        }
+        10 => {
+            let q = any(rng);
+            let v = *rng.pick(&[0u32, 8, (q.hs as u32) * 8, (q.hs as u32 - 1) * 8, 7, 1]);
+            set_u32(b, q.off + SIZE, v);
+            format!("size of the packet at {} set to {v} bits", q.off)
+        }
+        11 => {
+            let q = any(rng);
+            let past = (b.len() - q.off + rng.range(1, 1 << 16)) as u32 * 8;
+            let v = *rng.pick(&[past, 0xffff_fff8, 0x7fff_fff8, 0x1000_0000, u32::MAX]);
+            set_u32(b, q.off + SIZE, v);
+            format!("size of the packet at {} set past the end: {v} bits", q.off)
+        }
+        12 => {
+            let q = any(rng);
+            let d = rng.range(1, 65) as i64 * if rng.below(2) == 0 { 1 } else { -1 };
+            let v = (q.size as i64 + d).max(0) as u32 * 8;
+            set_u32(b, q.off + SIZE, v);
+            format!("size of the packet at {} moved by {d} bytes", q.off)
+        }
+        13 => {
+            let q = any(rng);
+            let v = *rng.pick(&[0u16, 1, 2, 3, 4, 5, 0xff, 0xffff]);
+            set_u16(b, q.off + VERSION, v);
+            format!("version of the packet at {} set to {v}", q.off)
+        }
+        14 => {
+            let q = any(rng);
+            let old = u64_at(b, q.off + PID);
+            let r = rng.next();
+            let v = *rng.pick(&[old + 1, 0, u64::MAX, r]);
+            set_u64(b, q.off + PID, v);
+            format!("pid of the packet at {} set to {v}", q.off)
+        }
+        15 => {
+            let q = any(rng);
+            let (tb, te) = (u64_at(b, q.off + TIME_BEGIN), u64_at(b, q.off + TIME_END));
+            let (nb, ne) = match rng.below(5) {
+                0 => (te, tb),
+                1 => (tb, u64::MAX),
+                2 => (0, te),
+                3 => (tb.wrapping_add(1 << 25), te.wrapping_add(1 << 25)),
+                _ => (rng.next(), rng.next()),
+            };
+            set_u64(b, q.off + TIME_BEGIN, nb);
+            set_u64(b, q.off + TIME_END, ne);
+            format!("times of the packet at {} set to {nb}..{ne}", q.off)
+        }
+        16 => {
+            let q = any(rng);
+            let at = q.ids() + 8 * rng.below(2);
+            let old = u64_at(b, at);
+            let r = rng.next();
+            let v = *rng.pick(&[0, old + 1, old.saturating_sub(1), u64::MAX, r]);
+            set_u64(b, at, v);
+            format!("an alloc id of the packet at {} set to {v}", q.off)
+        }
+        17 => {
+            let q = event_pkt(rng);
+            let at = q.off + rng.range(q.hs, q.size);
+            let len = rng.range(1, 64).min(b.len() - at);
+            let zero = rng.below(2) == 0;
+            for x in &mut b[at..at + len] {
+                *x = if zero { 0 } else { rng.next() as u8 };
+            }
+            format!(
+                "{len} bytes at {at} {}",
+                if zero { "zeroed" } else { "randomized" }
+            )
+        }
+        18 => {
+            let at = rng.below(b.len());
+            let v = *rng.pick(&[0u8, 1, 0x7f, 0x80, 0xfd, 0xfe, 0xff]);
+            b[at] = v;
+            format!("byte {at} set to {v}")
+        }
+        19 => {
+            // a packet with no events, its fields continuing the previous packet's
+            let q = event_pkt(rng);
+            let mut h = b[q.off..q.off + q.hs].to_vec();
+            set_u32(&mut h, SIZE, q.hs as u32 * 8);
+            let tb = u64_at(&h, TIME_BEGIN);
+            set_u64(&mut h, TIME_END, tb);
+            let ib = u64_at(&h, q.hs - 16);
+            set_u64(&mut h, q.hs - 8, ib);
+            b.splice(q.off..q.off, h);
+            format!("an empty packet inserted at {}", q.off)
+        }
+        20 => {
+            let len = rng.range(1, 3000);
+            let zero = rng.below(2) == 0;
+            for _ in 0..len {
+                let x = if zero { 0 } else { rng.next() as u8 };
+                b.push(x);
+            }
+            format!(
+                "{len} {} bytes appended",
+                if zero { "zero" } else { "random" }
+            )
+        }
+        21 => {
+            let q = any(rng);
+            if q.hs == 68 {
+                let r = rng.next() as u16;
+                let v = *rng.pick(&[1u16, 2, 7, 0xffff, r]);
+                set_u16(b, q.off + DOMAIN, v);
+                format!("domain of the packet at {} set to {v}", q.off)
+            } else {
+                let at = q.off + 38 + rng.below(12);
+                b[at] = rng.next() as u8;
+                format!("verifier byte {at} randomized")
+            }
+        }
+        _ => {
+            let k = rng.range(2, 4);
+            let mut what = Vec::new();
+            for _ in 0..k {
+                if b.is_empty() {
+                    break;
+                }
+                // structure-aware kinds need the packets of the current bytes: use the
+                // ones that work on raw bytes after the first change
+                let kind = if what.is_empty() {
+                    rng.below(KINDS - 1)
+                } else {
+                    *rng.pick(&[0, 2, 18, 20])
+                };
+                what.push(mutate(kind, rng, b, p));
+            }
+            what.join(", then ")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running one case.
+
+/// A Malformed error must name the file and an offset within it.
+fn check_error(e: &Error, name: &str, len: u64, what: &str) -> Result<(), String> {
+    match e {
+        Error::Malformed { at, .. } => {
+            let msg = e.to_string();
+            if at.file != name || at.offset > len || !msg.contains(name) || !msg.contains("byte") {
+                return Err(format!(
+                    "{what}: error does not name the file and an offset in it: {msg}"
+                ));
+            }
+            Ok(())
+        }
+        Error::Io { .. } => Err(format!("{what}: I/O error on a readable file: {e}")),
+        _ => Err(format!("{what}: unexpected error kind: {e:?}")),
+    }
+}
+
+/// check, dump, summary and merge of `file` (whose bytes are `bytes`), with `clean` as the
+/// second input of the merge. Returns the number of operations that ended in an error.
+fn run_case(dir: &Path, file: &Path, clean: &Path, skip_bad: bool) -> Result<u32, String> {
+    let name = file.display().to_string();
+    let len = std::fs::metadata(file).unwrap().len();
+    let mut errors = 0;
+    // check
+    let rep = check_file(file, &CheckOptions::default()).map_err(|e| format!("check: {e}"))?;
+    for p in &rep.problems {
+        if p.at.file != name || p.at.offset > len {
+            return Err(format!("check: problem without file and offset: {p}"));
+        }
+    }
+    if rep.reader_error && rep.problems.is_empty() {
+        return Err("check: reader error without a problem".into());
+    }
+    errors += !rep.is_valid() as u32;
+    // dump
+    match Reader::open(file) {
+        Ok(mut r) => {
+            if let Err(e) = dump::dump(&mut r, &mut std::io::sink(), |_| {}) {
+                check_error(&e, &name, len, "dump")?;
+                errors += 1;
+            }
+        }
+        Err(e) => {
+            check_error(&e, &name, len, "open")?;
+            errors += 1;
+        }
+    }
+    // summary (`info`)
+    if let Err(e) = summary::summarize_file(file) {
+        check_error(&e, &name, len, "summary")?;
+        errors += 1;
+    }
+    // merge with a clean input
+    let out = dir.join("merged.ctf");
+    let opts = MergeOptions {
+        skip_bad_inputs: skip_bad,
+        ..Default::default()
+    };
+    let res = {
+        let _g = merge_lock();
+        merge(&[file.to_path_buf(), clean.to_path_buf()], &out, &opts)
+    };
+    match res {
+        Ok(report) => {
+            let rep = check_file(&out, &CheckOptions::default())
+                .map_err(|e| format!("merged output unreadable: {e}"))?;
+            if !rep.is_valid() {
+                return Err(format!("merged output invalid: {:?}", rep.problems));
+            }
+            if rep.allocs != report.allocs {
+                return Err(format!(
+                    "merge reports {} allocations, the output holds {}",
+                    report.allocs, rep.allocs
+                ));
+            }
+            std::fs::remove_file(&out).unwrap();
+        }
+        Err(e) => {
+            errors += 1;
+            let msg = e.to_string();
+            let fname = file.file_name().unwrap().to_string_lossy();
+            if !msg.contains(&*fname) {
+                return Err(format!("merge: error does not name the input: {msg}"));
+            }
+            if let Error::Malformed { .. } = e {
+                check_error(&e, &name, len, "merge")?;
+            }
+            if out.exists() {
+                return Err(format!("merge failed ({msg}) but left an output"));
+            }
+        }
+    }
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    if !left.is_empty() {
+        return Err(format!("temporary files left behind: {left:?}"));
+    }
+    Ok(errors)
+}
+
+/// Sources of the mutation test: small real traces of formats 1-3, cut at a packet
+/// boundary to keep each case fast.
+fn sources() -> Vec<(String, Vec<u8>)> {
+    [
+        ("rates/slow.ctf", 1 << 20),
+        ("v3/bytecode-location-overflow.ctf", 1 << 20),
+        ("bytecode-location-overflow.ctf", 1 << 20),
+        ("fork/child-2.ctf", 60_000),
+        ("v3/multidomain.ctf", 30_000),
+        ("external.ctf", 70_000),
+        ("v3/single.ctf", 50_000),
+        ("long.ctf", 60_000),
+        ("fork/child-4.ctf", 50_000),
+    ]
+    .iter()
+    .map(|(p, max)| {
+        let b = std::fs::read(data(p)).unwrap();
+        (p.to_string(), prefix(&b, *max))
+    })
+    .collect()
+}
+
+struct Case {
+    source: usize,
+    kind: usize,
+    what: String,
+    bytes: Vec<u8>,
+}
+
+/// `per_source` deterministic cases per source, kinds taken in turn.
+fn cases(per_source: usize) -> (Vec<(String, Vec<u8>)>, Vec<Case>) {
+    let srcs = sources();
+    let mut rng = Rng(0x6d65_6d74_7261_6365);
+    let mut out = Vec::new();
+    for (si, (_, b)) in srcs.iter().enumerate() {
+        let p = packets(b);
+        for i in 0..per_source {
+            let kind = (i + si) % KINDS;
+            let mut m = b.clone();
+            let what = mutate(kind, &mut rng, &mut m, &p);
+            out.push(Case {
+                source: si,
+                kind,
+                what,
+                bytes: m,
+            });
+        }
+    }
+    (srcs, out)
+}
+
+#[test]
+fn mutated_traces_end_in_a_clean_result_or_a_clean_error() {
+    let started = Instant::now();
+    let (srcs, cases) = cases(330);
+    let dir = scratch();
+    let clean = dir.path().join("clean.ctf");
+    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(1, 4);
+    let cases = std::sync::Arc::new(cases);
+    let (tx, rx) = mpsc::channel::<(usize, Result<u32, String>, Duration)>();
+    let mut handles = Vec::new();
+    for w in 0..workers {
+        let cases = cases.clone();
+        let tx = tx.clone();
+        let wdir = dir.path().join(format!("w{w}"));
+        let clean = clean.clone();
+        std::fs::create_dir(&wdir).unwrap();
+        handles.push(std::thread::spawn(move || {
+            let file = wdir.join("mutated.ctf");
+            for i in (w..cases.len()).step_by(workers) {
+                std::fs::write(&file, &cases[i].bytes).unwrap();
+                let t = Instant::now();
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    run_case(&wdir, &file, &clean, i % 3 == 2)
+                }))
+                .unwrap_or_else(|p| {
+                    Err(format!(
+                        "PANIC: {}",
+                        p.downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default()
+                    ))
+                });
+                if tx.send((i, r, t.elapsed())).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(tx);
+    let mut failures = Vec::new();
+    let mut done = 0usize;
+    let mut errors = 0u64;
+    let mut per_kind = [0usize; KINDS];
+    let mut slowest = Duration::ZERO;
+    loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((i, r, took)) => {
+                done += 1;
+                slowest = slowest.max(took);
+                let c = &cases[i];
+                per_kind[c.kind] += 1;
+                let r = r.and_then(|n| {
+                    if took > Duration::from_secs(2) {
+                        Err(format!("took {took:?}"))
+                    } else {
+                        Ok(n)
+                    }
+                });
+                match r {
+                    Ok(n) => errors += n as u64,
+                    Err(e) => {
+                        failures.push(format!("case {i} ({}: {}): {e}", srcs[c.source].0, c.what))
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!(
+                    "a case has run for 20 s (hang): {done} of {} done",
+                    cases.len()
+                )
+            }
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    // every case's bytes, to reproduce a failure: MTM_SAVE_FAILED=DIR
+    if let Ok(save) = std::env::var("MTM_SAVE_FAILED") {
+        for f in &failures {
+            let i: usize = f[5..].split(' ').next().unwrap().parse().unwrap();
+            std::fs::write(
+                Path::new(&save).join(format!("case-{i}.ctf")),
+                &cases[i].bytes,
+            )
+            .unwrap();
+        }
+    }
+    println!(
+        "mutation cases run: {done} ({} sources, {KINDS} kinds: {per_kind:?}); {errors} operations ended in a clean error; slowest case {slowest:?}; {:?} in all",
+        srcs.len(),
+        started.elapsed()
+    );
+    assert_eq!(done, cases.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {done} cases failed:\n{}",
+        failures.len(),
+        failures[..failures.len().min(30)].join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line, run with limits and measured.
+
+struct Run {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// Peak resident set of the command in KiB (VmHWM, sampled every millisecond while it
+    /// runs; wait4's ru_maxrss would include the test process's own size, inherited at fork).
+    peak_rss_kib: u64,
+}
+
+/// VmHWM of a running `memtrace-merge` (None before bash has exec'd it, or after it exited).
+fn vm_hwm(pid: u32, exe: &Path) -> Option<u64> {
+    if std::fs::read_link(format!("/proc/{pid}/exe")).ok()? != exe {
+        return None;
+    }
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    st.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Run `memtrace-merge ARGS` through bash, after `limits` (e.g. `ulimit -v 262144`), with
+/// `dir` as working directory; killed after `timeout`.
+fn run_cli(limits: &str, args: &[&std::ffi::OsStr], dir: &Path, timeout: Duration) -> Run {
+    use std::io::Read;
+    let exe = Path::new(bin()).canonicalize().unwrap();
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(format!("{limits}\nexec \"$@\""))
+        .arg("bash")
+        .arg(bin())
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        so.read_to_end(&mut v).unwrap();
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        se.read_to_end(&mut v).unwrap();
+        v
+    });
+    let started = Instant::now();
+    let mut peak = 0;
+    let status = loop {
+        if let Some(hwm) = vm_hwm(child.id(), &exe) {
+            peak = peak.max(hwm);
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            panic!("memtrace-merge {args:?} ran for more than {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let stdout = String::from_utf8_lossy(&t_out.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&t_err.join().unwrap()).into_owned();
+    Run {
+        code: status.code(),
+        signal: status.signal(),
+        stdout,
+        stderr,
+        peak_rss_kib: peak,
+    }
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+/// An error exit of the CLI: status non-zero, stderr ends in one `memtrace-merge:` line
+/// naming `file` (before it only `warning:` lines), never a panic.
+fn assert_clean_cli_error(r: &Run, file: &str, what: &str) {
+    assert!(
+        !r.stderr.contains("panicked") && r.signal.is_none(),
+        "{what}: {:?} {}",
+        r.signal,
+        r.stderr
+    );
+    assert!(r.code.unwrap() != 0, "{what}: exit 0");
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    let last = lines.last().copied().unwrap_or("");
+    assert!(
+        last.starts_with("memtrace-merge: ") && last.contains(file),
+        "{what}: last stderr line {last:?}"
+    );
+    for l in &lines[..lines.len() - 1] {
+        assert!(l.starts_with("warning: "), "{what}: stderr line {l:?}");
+    }
+}
+
+/// A sample of the mutation cases through the command line, under a 256 MiB address-space
+/// cap: `check`, `info`, `dump` and `merge` exit 0 or with a one-line error, never a panic.
+#[test]
+fn mutated_traces_through_the_command_line() {
+    let (_, cases) = cases(330);
+    let dir = scratch();
+    let clean = dir.path().join("clean.ctf");
+    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    let limits = "ulimit -v 262144";
+    let step = cases.len() / 50;
+    let mut n = 0;
+    let mut worst_rss = 0;
+    for (i, c) in cases.iter().enumerate().step_by(step) {
+        let file = dir.path().join(format!("case-{i}.ctf"));
+        std::fs::write(&file, &c.bytes).unwrap();
+        let name = file.to_str().unwrap();
+        let what = |cmd: &str| format!("case {i} ({}), {cmd}", c.what);
+        let t = Duration::from_secs(20);
+        let r = run_cli(limits, &[os("check"), os(name)], dir.path(), t);
+        assert!(
+            matches!(r.code, Some(0..=1)) && !r.stderr.contains("panicked"),
+            "{}: {:?} {}{}",
+            what("check"),
+            r.code,
+            r.stdout,
+            r.stderr
+        );
+        assert!(
+            r.stdout.starts_with(name),
+            "{}: {}",
+            what("check"),
+            r.stdout
+        );
+        worst_rss = worst_rss.max(r.peak_rss_kib);
+        for cmd in ["info", "dump"] {
+            let r = run_cli(limits, &[os(cmd), os(name)], dir.path(), t);
+            if r.code != Some(0) {
+                assert_clean_cli_error(&r, name, &what(cmd));
+            }
+            assert!(!r.stderr.contains("panicked"), "{}", what(cmd));
+            worst_rss = worst_rss.max(r.peak_rss_kib);
+        }
+        let out = dir.path().join("out.ctf");
+        let r = run_cli(
+            limits,
+            &[
+                os("merge"),
+                os("-q"),
+                os("-o"),
+                out.as_os_str(),
+                os(name),
+                clean.as_os_str(),
+            ],
+            dir.path(),
+            t,
+        );
+        if r.code == Some(0) {
+            std::fs::remove_file(&out).unwrap();
+        } else {
+            assert_clean_cli_error(&r, name, &what("merge"));
+            assert!(!out.exists());
+        }
+        worst_rss = worst_rss.max(r.peak_rss_kib);
+        std::fs::remove_file(&file).unwrap();
+        n += 1;
+    }
+    println!("command-line cases: {n} (x4 commands), peak RSS {worst_rss} KiB");
+    assert!(n >= 50);
+}
+
+/// Declared packet sizes up to 512 MiB are checked against the file before anything is
+/// allocated: each command stays small under an address-space cap.
+#[test]
+fn huge_declared_sizes_are_not_allocated() {
+    let src = prefix(&std::fs::read(data("fork/child-2.ctf")).unwrap(), 120_000);
+    let p = packets(&src);
+    let dir = scratch();
+    let clean = dir.path().join("clean.ctf");
+    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    let mut files = Vec::new();
+    for (k, bits) in [
+        (0usize, 0xffff_fff8u32),
+        (0, 0x7fff_fff8),
+        (3, 0xffff_fff8),
+        (3, 0x4000_0000),
+    ] {
+        for cut in [None, Some(p[k].off + p[k].hs + 10)] {
+            let mut b = src.clone();
+            set_u32(&mut b, p[k].off + SIZE, bits);
+            if let Some(c) = cut {
+                b.truncate(c);
+            }
+            let f = dir
+                .path()
+                .join(format!("huge-{}-{bits:x}-{}.ctf", k, cut.is_some()));
+            std::fs::write(&f, &b).unwrap();
+            files.push((f, k));
+        }
+    }
+    let limits = "ulimit -v 262144";
+    let mut worst = 0;
+    for (f, k) in &files {
+        let name = f.to_str().unwrap();
+        // in-process too: the library reads each without error kinds other than Malformed
+        let rep = check_file(f, &CheckOptions::default()).unwrap();
+        if *k == 0 {
+            assert!(rep.reader_error, "{name}");
+        } else {
+            assert!(rep.is_valid() && rep.warnings.len() == 1, "{name}: {rep:?}");
+        }
+        for cmd in ["check", "info", "dump"] {
+            let r = run_cli(
+                limits,
+                &[os(cmd), os(name)],
+                dir.path(),
+                Duration::from_secs(20),
+            );
+            assert!(
+                r.signal.is_none()
+                    && !r.stderr.contains("panicked")
+                    && !r.stderr.contains("memory"),
+                "{cmd} {name}: {:?} {}",
+                r.signal,
+                r.stderr
+            );
+            if *k == 0 && cmd != "check" {
+                assert_clean_cli_error(&r, name, cmd);
+            }
+            if *k > 0 {
+                assert_eq!(r.code, Some(0), "{cmd} {name}: {}", r.stderr);
+            }
+            worst = worst.max(r.peak_rss_kib);
+        }
+        let out = dir.path().join("out.ctf");
+        let r = run_cli(
+            limits,
+            &[
+                os("merge"),
+                os("-q"),
+                os("-o"),
+                out.as_os_str(),
+                os(name),
+                clean.as_os_str(),
+            ],
+            dir.path(),
+            Duration::from_secs(20),
+        );
+        if *k == 0 {
+            assert_clean_cli_error(&r, name, "merge");
+        } else {
+            assert_eq!(r.code, Some(0), "merge {name}: {}", r.stderr);
+            std::fs::remove_file(&out).unwrap();
+        }
+        worst = worst.max(r.peak_rss_kib);
+    }
+    println!("huge declared sizes: peak RSS {worst} KiB");
+    assert!(worst < 100 * 1024, "peak RSS {worst} KiB");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damaged traces from real data: what a killed worker leaves behind.
+
+/// Merge `damaged` with a clean trace; the merge must equal the merge of `readable` (the
+/// damaged trace's complete part) with the same clean trace. Returns the damaged input's
+/// report and the text report.
+fn merge_damaged(
+    dir: &Path,
+    damaged: &[u8],
+    readable: &[u8],
+    opts: &MergeOptions,
+) -> (memtrace_merge::merge::InputReport, String) {
+    let clean = data("fork/child-4.ctf");
+    let d = dir.join("damaged.ctf");
+    let r = dir.join("readable.ctf");
+    let out = dir.join("merged.ctf");
+    std::fs::write(&d, damaged).unwrap();
+    std::fs::write(&r, readable).unwrap();
+    let report: MergeReport = {
+        let _g = merge_lock();
+        merge(&[d.clone(), clean.clone()], &out, opts).unwrap()
+    };
+    let cmp = compare(&[r, clean], &out, CompareOptions::default()).unwrap();
+    assert!(
+        cmp.equal(),
+        "merged differs from the readable part: {cmp:?}"
+    );
+    let rep = check_file(&out, &CheckOptions::default()).unwrap();
+    assert!(rep.is_valid(), "{:?}", rep.problems);
+    assert_eq!(report.inputs.len(), 2);
+    assert!(report.inputs[1].warnings.is_empty() && report.inputs[1].skipped_packets == 0);
+    let text = memtrace_merge::merge::format_report(&report);
+    std::fs::remove_file(&out).unwrap();
+    (report.inputs[0].clone(), text)
+}
+
+fn child2() -> (Vec<u8>, Vec<Pkt>) {
+    let b = std::fs::read(data("fork/child-2.ctf")).unwrap();
+    let p = packets(&b);
+    assert_eq!(p.len(), 15);
+    (b, p)
+}
+
+#[test]
+fn killed_workers_keep_every_complete_event() {
+    let (b, p) = child2();
+    let dir = scratch();
+    let dir = dir.path();
+    let o = MergeOptions::default();
+    let k = 8;
+    let at = p[k].off;
+
+    // stops at a packet boundary: everything kept, nothing skipped
+    let (r, _) = merge_damaged(dir, &b[..at], &b[..at], &o);
+    assert_eq!((r.skipped_packets, r.warnings.len()), (0, 0), "{r:?}");
+    assert_eq!(r.allocs, 6407);
+
+    // only its info packet: no events, nothing skipped
+    let (r, _) = merge_damaged(dir, &b[..p[0].end()], &b[..p[0].end()], &o);
+    assert_eq!((r.events, r.skipped_packets, r.warnings.len()), (0, 0, 0));
+
+    // cut inside a packet body: that packet is skipped, and said so
+    let (r, text) = merge_damaged(dir, &b[..at + 5000], &b[..at], &o);
+    assert_eq!(r.skipped_packets, 1, "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("truncated packet") && w.contains(&format!("byte {at}"))),
+        "{:?}",
+        r.warnings
+    );
+    assert!(text.contains("1 packets skipped"), "{text}");
+    assert!(text.contains("damaged.ctf"), "{text}");
+
+    // cut inside a packet header
+    let (r, text) = merge_damaged(dir, &b[..at + 20], &b[..at], &o);
+    assert_eq!(r.skipped_packets, 1, "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("inside a packet header") && w.contains(&format!("byte {at}"))),
+        "{:?}",
+        r.warnings
+    );
+    assert!(text.contains("1 packets skipped"), "{text}");
+
+    // a packet whose size runs past the end of the file (the last one, and one in the middle
+    // of a file cut just after it)
+    let last = p[14];
+    let mut d = b.clone();
+    set_u32(&mut d, last.off + SIZE, (last.size as u32 + 1000) * 8);
+    let (r, _) = merge_damaged(dir, &d, &b[..last.off], &o);
+    assert_eq!(r.skipped_packets, 1, "{r:?}");
+    assert!(
+        r.warnings[0].contains("truncated packet"),
+        "{:?}",
+        r.warnings
+    );
+    let mut d = b[..p[k + 1].end()].to_vec();
+    let past = ((d.len() - at) as u32 + 64) * 8;
+    set_u32(&mut d, at + SIZE, past);
+    let (r, _) = merge_damaged(dir, &d, &b[..at], &o);
+    assert_eq!(r.skipped_packets, 1, "{r:?}");
+
+    // a zero-length packet (a header whose size says 0): reading stops there, with a warning
+    let mut d = b.clone();
+    set_u32(&mut d, at + SIZE, 0);
+    let (r, _) = merge_damaged(dir, &d, &b[..at], &o);
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("bad packet size 0") && w.contains(&format!("byte {at}"))),
+        "{:?}",
+        r.warnings
+    );
+    // a packet with no events (size = its header), consistent with its neighbours: harmless
+    let mut d = b[..at].to_vec();
+    let mut h = b[at..at + p[k].hs].to_vec();
+    set_u32(&mut h, SIZE, p[k].hs as u32 * 8);
+    let tb = u64_at(&h, TIME_BEGIN);
+    set_u64(&mut h, TIME_END, tb);
+    let ib = u64_at(&h, p[k].hs - 16);
+    set_u64(&mut h, p[k].hs - 8, ib);
+    d.extend_from_slice(&h);
+    d.extend_from_slice(&b[at..]);
+    let (r, _) = merge_damaged(dir, &d, &b, &o);
+    assert_eq!((r.skipped_packets, r.warnings.len()), (0, 0), "{r:?}");
+    assert_eq!(r.allocs, 17_914);
+    // a killed writer's preallocated tail of zeros
+    let mut d = b[..at].to_vec();
+    d.extend(std::iter::repeat_n(0u8, 4096));
+    let (r, _) = merge_damaged(dir, &d, &b[..at], &o);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("not a CTF packet")),
+        "{:?}",
+        r.warnings
+    );
+
+    // an empty file: an error naming it, or skipped with a warning when asked
+    let e = std::fs::File::create(dir.join("empty.ctf")).unwrap();
+    drop(e);
+    let err = {
+        let _g = merge_lock();
+        merge(
+            &[dir.join("empty.ctf"), data("fork/child-4.ctf")],
+            &dir.join("x.ctf"),
+            &o,
+        )
+        .unwrap_err()
+    };
+    assert!(
+        err.to_string().contains("empty.ctf") && err.to_string().contains("empty file"),
+        "{err}"
+    );
+    assert!(!dir.join("x.ctf").exists());
+    let skip = MergeOptions {
+        skip_bad_inputs: true,
+        ..Default::default()
+    };
+    let clean = data("fork/child-4.ctf");
+    let report = {
+        let _g = merge_lock();
+        merge(
+            &[dir.join("empty.ctf"), clean.clone()],
+            &dir.join("x.ctf"),
+            &skip,
+        )
+        .unwrap()
+    };
+    assert!(report.inputs[0].skipped);
+    assert!(report.inputs[0].warnings[0].contains("empty file"));
+    let cmp = compare(&[clean], &dir.join("x.ctf"), CompareOptions::default()).unwrap();
+    assert!(cmp.equal());
+    let text = memtrace_merge::merge::format_report(&report);
+    assert!(text.contains("empty.ctf: skipped"), "{text}");
+}
+
+#[test]
+fn foreign_duplicated_and_reordered_packets_are_skipped_with_a_warning() {
+    let dir = scratch();
+    let dir = dir.path();
+    let o = MergeOptions::default();
+    let parent = std::fs::read(data("fork/parent.ctf")).unwrap();
+    for (f, warning) in [
+        (
+            "synthetic/wrong-pid.ctf",
+            "wrong pid: 14496, but tracing 14495",
+        ),
+        (
+            "synthetic/duplicate-packet.ctf",
+            "skipping bad packet at id 42212",
+        ),
+    ] {
+        let d = std::fs::read(data(f)).unwrap();
+        let (r, text) = merge_damaged(dir, &d, &parent, &o);
+        assert_eq!(r.skipped_packets, 1, "{f}: {r:?}");
+        assert!(
+            r.warnings.iter().any(|w| w.contains(warning)),
+            "{f}: {:?}",
+            r.warnings
+        );
+        assert!(text.contains(warning), "{text}");
+    }
+    // two packets swapped: the later one does not continue the sequence and is skipped,
+    // then the earlier one is read, and every packet after it is out of sequence too (as
+    // the reference reader does): the events up to the earlier packet are kept
+    let (b, p) = child2();
+    let mut d = b[..p[8].off].to_vec();
+    d.extend_from_slice(&b[p[9].off..p[9].end()]);
+    d.extend_from_slice(&b[p[8].off..p[8].end()]);
+    d.extend_from_slice(&b[p[10].off..]);
+    let (r, _) = merge_damaged(dir, &d, &b[..p[9].off], &o);
+    assert_eq!(r.skipped_packets, 14 - 8, "{r:?}");
+    assert!(
+        r.warnings.iter().all(|w| w.contains("skipping bad packet")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn not_a_trace_or_a_future_version_is_a_clear_error_naming_the_file() {
+    let dir = scratch();
+    let dir = dir.path();
+    let (b, p) = child2();
+    let readme = dir.join("README.ctf");
+    std::fs::copy(data("README.md"), &readme).unwrap();
+    let mut v4 = b.clone();
+    set_u16(&mut v4, VERSION, 4);
+    let future = dir.join("future.ctf");
+    std::fs::write(&future, &v4).unwrap();
+    for (f, msg) in [
+        (&readme, "not a CTF packet"),
+        (
+            &future,
+            "trace format v004, but this reader knows v001 to v003",
+        ),
+    ] {
+        let name = f.to_str().unwrap();
+        let e = Reader::open(f).err().unwrap();
+        assert!(matches!(e, Error::Malformed { .. }));
+        let want = format!("{name}: byte 0 (packet 0): {msg}");
+        assert!(e.to_string().starts_with(&want), "{e}");
+        let want = e.to_string();
+        let e = {
+            let _g = merge_lock();
+            merge(
+                &[data("fork/child-4.ctf"), f.clone()],
+                &dir.join("x.ctf"),
+                &MergeOptions::default(),
+            )
+            .unwrap_err()
+        };
+        assert_eq!(e.to_string(), want);
+        for cmd in ["info", "dump"] {
+            let r = run_cli("", &[os(cmd), f.as_os_str()], dir, Duration::from_secs(20));
+            assert_eq!(r.stderr, format!("memtrace-merge: {want}\n"), "{cmd}");
+            assert_eq!(r.code, Some(2));
+        }
+        let r = run_cli(
+            "",
+            &[os("check"), f.as_os_str()],
+            dir,
+            Duration::from_secs(20),
+        );
+        assert_eq!(r.code, Some(1));
+        assert!(r
+            .stdout
+            .contains(&format!("{name}: byte 0 (packet 0): error: {msg}")));
+        let out = dir.join("x.ctf");
+        let r = run_cli(
+            "",
+            &[
+                os("merge"),
+                os("-o"),
+                out.as_os_str(),
+                f.as_os_str(),
+                data("fork/child-4.ctf").as_os_str(),
+            ],
+            dir,
+            Duration::from_secs(20),
+        );
+        assert_eq!(r.stderr, format!("memtrace-merge: {want}\n"));
+        assert_eq!(r.code, Some(2));
+        assert!(!out.exists());
+    }
+    // a future version later in the file: reading stops there, with a warning
+    let mut d = b.clone();
+    set_u16(&mut d, p[8].off + VERSION, 4);
+    let (r, _) = merge_damaged(dir, &d, &b[..p[8].off], &MergeOptions::default());
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("trace format v004") && w.contains(&format!("byte {}", p[8].off))),
+        "{:?}",
+        r.warnings
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nothing lost, nothing overwritten.
+
+/// Names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Bytes and modification time of each file.
+fn snapshot(files: &[&Path]) -> Vec<(Vec<u8>, std::time::SystemTime)> {
+    files
+        .iter()
+        .map(|f| {
+            (
+                std::fs::read(f).unwrap(),
+                std::fs::metadata(f).unwrap().modified().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_merge_leaves_no_output_and_the_inputs_untouched() {
+    let dir = scratch();
+    let d = dir.path();
+    let good = d.join("good.ctf");
+    std::fs::copy(data("fork/child-2.ctf"), &good).unwrap();
+    let (b, _) = child2();
+    let mut v4 = b.clone();
+    set_u16(&mut v4, VERSION, 4);
+    let bad = d.join("bad.ctf");
+    std::fs::write(&bad, &v4).unwrap();
+    let out = d.join("out.ctf");
+    let before = snapshot(&[&good, &bad]);
+    let names = listing(d);
+    for opts in [
+        MergeOptions::default(),
+        MergeOptions {
+            rate_mismatch: memtrace_merge::merge::RateMismatch::Fail,
+            ..Default::default()
+        },
+    ] {
+        // no output yet: none afterwards
+        let e = {
+            let _g = merge_lock();
+            merge(&[good.clone(), bad.clone()], &out, &opts).unwrap_err()
+        };
+        assert!(e.to_string().contains("bad.ctf"), "{e}");
+        assert_eq!(listing(d), names);
+        // an existing output: left as it was
+        std::fs::write(&out, b"previous result").unwrap();
+        let e = {
+            let _g = merge_lock();
+            merge(&[good.clone(), bad.clone()], &out, &opts).unwrap_err()
+        };
+        assert!(e.to_string().contains("bad.ctf"), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"previous result");
+        std::fs::remove_file(&out).unwrap();
+        assert_eq!(listing(d), names);
+    }
+    // incompatible inputs (rates differ and the caller refuses thinning)
+    let slow = d.join("slow.ctf");
+    std::fs::copy(data("rates/slow.ctf"), &slow).unwrap();
+    let e = {
+        let _g = merge_lock();
+        merge(
+            &[good.clone(), slow.clone()],
+            &out,
+            &MergeOptions {
+                rate_mismatch: memtrace_merge::merge::RateMismatch::Fail,
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+    };
+    assert!(e.to_string().contains("rates differ"), "{e}");
+    assert!(!out.exists());
+    std::fs::remove_file(&slow).unwrap();
+    assert_eq!(listing(d), names);
+    assert_eq!(snapshot(&[&good, &bad]), before);
+    // the command line: exit 2, one line, nothing left
+    let r = run_cli(
+        "",
+        &[
+            os("merge"),
+            os("-o"),
+            out.as_os_str(),
+            good.as_os_str(),
+            bad.as_os_str(),
+        ],
+        d,
+        Duration::from_secs(60),
+    );
+    assert_clean_cli_error(&r, bad.to_str().unwrap(), "merge");
+    assert_eq!(r.code, Some(2));
+    assert_eq!(listing(d), names);
+    assert_eq!(snapshot(&[&good, &bad]), before);
+}
+
+/// A full disk, made with a file-size limit: the write fails with EFBIG; the merge says so
+/// in one line, exits non-zero and leaves neither the output nor its temporary file.
+#[test]
+fn disk_full_leaves_no_output_and_no_temporary() {
+    let dir = scratch();
+    let d = dir.path();
+    let out = d.join("merged.ctf");
+    let inputs: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
+        .iter()
+        .map(|n| data(&format!("fork/{n}.ctf")))
+        .collect();
+    let srcs: Vec<&Path> = inputs.iter().map(|p| p.as_path()).collect();
+    let before = snapshot(&srcs);
+    let mut args = vec![os("merge"), os("-q"), os("-o"), out.as_os_str()];
+    args.extend(inputs.iter().map(|p| p.as_os_str()));
+    for limit in [64, 1024] {
+        let limits = format!("trap '' XFSZ; ulimit -f {limit}");
+        let r = run_cli(&limits, &args, d, Duration::from_secs(120));
+        assert_eq!(r.code, Some(2), "{}", r.stderr);
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        assert!(
+            r.stderr.starts_with("memtrace-merge: ") && r.stderr.contains("File too large"),
+            "{}",
+            r.stderr
+        );
+        assert_eq!(listing(d), Vec::<String>::new(), "left behind");
+        // an earlier result survives
+        std::fs::write(&out, b"earlier").unwrap();
+        let r = run_cli(&limits, &args, d, Duration::from_secs(120));
+        assert_eq!(r.code, Some(2), "{}", r.stderr);
+        assert_eq!(std::fs::read(&out).unwrap(), b"earlier");
+        assert_eq!(listing(d), vec!["merged.ctf".to_string()]);
+        std::fs::remove_file(&out).unwrap();
+    }
+    assert_eq!(snapshot(&srcs), before);
+    // and with room enough, the same command works
+    let r = run_cli("", &args, d, Duration::from_secs(120));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(listing(d), vec!["merged.ctf".to_string()]);
+}
+
+#[test]
+fn an_output_that_is_one_of_the_inputs_is_refused_however_spelled() {
+    let dir = scratch();
+    let d = dir.path();
+    let dname = d.file_name().unwrap().to_str().unwrap().to_string();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::create_dir(d.join("traces")).unwrap();
+    let input = d.join("in.ctf");
+    std::fs::copy(data("fork/child-2.ctf"), &input).unwrap();
+    std::fs::copy(data("rates/slow.ctf"), d.join("traces/t.ctf")).unwrap();
+    std::os::unix::fs::symlink(&input, d.join("link.ctf")).unwrap();
+    std::os::unix::fs::symlink(d.join("sub"), d.join("sublink")).unwrap();
+    std::fs::hard_link(&input, d.join("hard.ctf")).unwrap();
+    let other = data("fork/child-4.ctf");
+    let files = [input.clone(), d.join("traces/t.ctf")];
+    let fs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let before = snapshot(&fs);
+    let names = listing(d);
+    // (inputs, output), the inputs and output as the library gets them
+    let cases: Vec<(Vec<PathBuf>, PathBuf)> = vec![
+        (vec![input.clone(), other.clone()], input.clone()),
+        (
+            vec![input.clone(), other.clone()],
+            d.join(".").join("in.ctf"),
+        ),
+        (vec![input.clone(), other.clone()], d.join("sub/../in.ctf")),
+        (
+            vec![input.clone(), other.clone()],
+            d.join("sublink/../in.ctf"),
+        ),
+        (vec![input.clone(), other.clone()], d.join("link.ctf")),
+        (vec![input.clone(), other.clone()], d.join("hard.ctf")),
+        (vec![d.join("link.ctf"), other.clone()], input.clone()),
+        (vec![d.join("./sub/../in.ctf")], d.join("hard.ctf")),
+        (
+            vec![d.join("traces"), other.clone()],
+            d.join("traces/t.ctf"),
+        ),
+        (
+            vec![d.join("traces"), other.clone()],
+            d.join("traces/./t.ctf"),
+        ),
+    ];
+    for (inputs, out) in &cases {
+        let e = {
+            let _g = merge_lock();
+            merge(inputs, out, &MergeOptions::default()).unwrap_err()
+        };
+        assert!(
+            e.to_string().contains("one of the inputs"),
+            "{inputs:?} -> {}: {e}",
+            out.display()
+        );
+    }
+    // relative spellings through the command line, from the directory and from below it
+    let rel: Vec<(&str, Vec<&str>)> = vec![
+        (
+            ".",
+            vec![
+                "in.ctf",
+                "./in.ctf",
+                "../{d}/in.ctf",
+                "sub/../in.ctf",
+                "link.ctf",
+                "hard.ctf",
+            ],
+        ),
+        (
+            "sub",
+            vec![
+                "../in.ctf",
+                "./../in.ctf",
+                "../../{d}/in.ctf",
+                "../link.ctf",
+            ],
+        ),
+    ];
+    for (cwd, outs) in rel {
+        for o in outs {
+            let o = o.replace("{d}", &dname);
+            let r = run_cli(
+                "",
+                &[
+                    os("merge"),
+                    os("-q"),
+                    os("-o"),
+                    os(&o),
+                    input.as_os_str(),
+                    other.as_os_str(),
+                ],
+                &d.join(cwd),
+                Duration::from_secs(60),
+            );
+            assert_eq!(r.code, Some(2), "{cwd} {o}: {}", r.stderr);
+            assert!(
+                r.stderr.starts_with("memtrace-merge: ") && r.stderr.contains("one of the inputs"),
+                "{cwd} {o}: {}",
+                r.stderr
+            );
+        }
+    }
+    assert_eq!(listing(d), names);
+    assert_eq!(snapshot(&fs), before);
+}
+
+/// `merge::INTERRUPT` (set by the command line's SIGINT handler) stops a running merge with
+/// an error; the temporary output is removed and nothing appears at the output path.
+#[test]
+fn an_interrupted_merge_leaves_nothing() {
+    let _alone = MERGE_LOCK.write().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let d = dir.path().to_path_buf();
+    let out = d.join("merged.ctf");
+    // the fork set twice: about a million events, long enough to be caught running
+    let mut inputs = vec![data("fork"), data("fork")];
+    inputs.extend(
+        ["parent", "child-3"]
+            .iter()
+            .map(|n| data(&format!("fork/{n}.ctf"))),
+    );
+    // 1. interrupted once its temporary output exists
+    let watcher = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(60) {
+                if listing(&d)
+                    .iter()
+                    .any(|n| n.starts_with(".merged.ctf.tmp-"))
+                {
+                    INTERRUPT.store(true, Ordering::SeqCst);
+                    return true;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            false
+        })
+    };
+    let t = Instant::now();
+    let r = merge(&inputs, &out, &MergeOptions::default());
+    let took = t.elapsed();
+    let seen = watcher.join().unwrap();
+    INTERRUPT.store(false, Ordering::SeqCst);
+    assert!(seen, "no temporary output seen");
+    let e = r.err().expect("the merge was interrupted");
+    assert!(e.to_string().contains("interrupted"), "{e}");
+    assert_eq!(listing(&d), Vec::<String>::new(), "left behind");
+    println!("interrupted after {took:?}");
+    // 2. interrupted before it starts
+    INTERRUPT.store(true, Ordering::SeqCst);
+    let r = merge(&inputs, &out, &MergeOptions::default());
+    INTERRUPT.store(false, Ordering::SeqCst);
+    assert!(r.is_err());
+    assert_eq!(listing(&d), Vec::<String>::new());
+    // 3. and once the flag is down again, the same merge completes
+    let r = merge(&inputs[..1], &out, &MergeOptions::default()).unwrap();
+    assert_eq!(r.allocs, 231_910);
+    assert_eq!(listing(&d), vec!["merged.ctf".to_string()]);
+}
