@@ -9,6 +9,7 @@ pub mod buf;
 pub mod check;
 pub mod compare;
 pub mod copy;
+pub(crate) mod decode;
 pub mod dump;
 pub mod error;
 pub mod event;

@@ -1,15 +1,16 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
+use crate::decode::{Batch, Ev, Pipeline, StreamSpec};
 use crate::error::{Error, Result};
-use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
+use crate::event::{DomainId, LocationCode, Timestamp};
 use crate::info::TraceInfo;
 use crate::input::FilePool;
 use crate::location::{IntMap, Location};
-use crate::pipeline::{Batch, Codes, Ev, Pipeline, StreamSpec};
+use crate::pipeline::{Cmd, Codes, WriterThread, BATCH};
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
-use crate::writer::{Writer, WriterOptions};
+use crate::writer::{common_prefix, IdPlan, Writer, WriterOptions};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fs::File;
@@ -223,14 +224,17 @@ impl Drop for TempOutput {
     }
 }
 
-/// One stream being merged, as the consumer sees it: the current batch and the backtrace
-/// of its last allocation (tag frame first if any).
+/// One stream being merged (an input, or one domain of a format-3 input), as decoded
+/// ahead in batches: the current batch and its last allocation's backtrace.
 struct Stream {
     input: usize,
     out_domain: DomainId,
+    /// index of `out_domain` in the per-domain tables
+    out_slot: usize,
     batch: Batch,
     pos: usize,
     frame_pos: usize,
+    /// The current allocation's backtrace in merged codes (tag frame first if any).
     bt: Vec<LocationCode>,
 }
 
@@ -244,6 +248,8 @@ struct InputState {
 }
 
 const DROPPED: u64 = u64::MAX;
+/// Set in a live entry's merged id once the object was promoted (a second promote is left out).
+const PROMOTED: u64 = 1 << 63;
 
 fn warn_input(st: &mut InputState, msg: String) {
     if st.seen_warnings.len() < 1000 && st.seen_warnings.insert(msg.clone()) {
@@ -401,8 +407,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     // Per-input state (thinning, live objects) and streams (an input, or a domain of one).
     let mut codes = Codes::default();
     let mut states = Vec::new();
-    let mut specs = Vec::new();
     let mut streams = Vec::new();
+    let mut specs = Vec::new();
+    let mut out_domains: Vec<DomainId> = Vec::new();
     let mut next_domain = 0u16;
     for (k, (p, i, domains)) in opened.iter().enumerate() {
         let p_keep = if i.sample_rate > min_rate {
@@ -461,6 +468,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
+            let out_slot = match out_domains.iter().position(|&x| x == out_domain) {
+                Some(i) => i,
+                None => {
+                    out_domains.push(out_domain);
+                    out_domains.len() - 1
+                }
+            };
             specs.push(StreamSpec {
                 input: k,
                 path: p.clone(),
@@ -469,6 +483,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             streams.push(Stream {
                 input: k,
                 out_domain,
+                out_slot,
                 batch: Batch::default(),
                 pos: 0,
                 frame_pos: 0,
@@ -491,6 +506,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     if !single {
         w.set_flush_on_domain_switch(false);
     }
+    let mut ids = IdPlan::new(format, info.initial_domain);
+    // The previous written allocation's backtrace, per output domain.
+    let mut last_bt: Vec<Vec<LocationCode>> = vec![Vec::new(); out_domains.len()];
 
     let total_bytes: u64 = opened
         .iter()
@@ -500,6 +518,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let started = Instant::now();
     let mut last_progress = started;
     let meanings = codes.meanings.clone();
+    let writer = WriterThread::start(w, meanings)?;
     let pipe = Pipeline::start(specs, opened.len(), codes)
         .map_err(|e| Error::Usage(format!("cannot start the decoding thread: {e}")))?;
     let mut heap = BinaryHeap::new();
@@ -509,12 +528,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             heap.push(Reverse((s.batch.times[0], i)));
         }
     }
+    let mut batch = writer.batch();
     let mut nevents = 0u64;
+    let mut writer_failed = false;
     while let Some(mut top) = heap.peek_mut() {
         let Reverse((time, i)) = *top;
         let s = &mut streams[i];
         let st = &mut states[s.input];
-        let time = Timestamp(time);
         let dom = s.out_domain;
         match s.batch.evs[s.pos] {
             Ev::Alloc {
@@ -539,13 +559,24 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 if n == 0 {
                     st.live.insert(id, DROPPED);
                 } else {
-                    let out_id = w.put_alloc(time, dom, length, n, source, &s.bt, |c| {
-                        meanings
-                            .read()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&c)
-                            .cloned()
-                    })?;
+                    ids.event(dom);
+                    let out_id = ids.alloc(dom);
+                    let last = &mut last_bt[s.out_slot];
+                    let common = common_prefix(last, &s.bt);
+                    let fresh = &s.bt[common..];
+                    last.truncate(common);
+                    last.extend_from_slice(fresh);
+                    batch.frames.extend_from_slice(fresh);
+                    batch.cmds.push(Cmd::Alloc {
+                        time,
+                        domain: dom.0,
+                        length,
+                        nsamples: n,
+                        source,
+                        common: common as u32,
+                        new: fresh.len() as u32,
+                        id: out_id.0,
+                    });
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += n;
@@ -553,9 +584,22 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             }
             Ev::Promote { id } => {
                 st.report.promotes += 1;
-                match st.live.get(&id) {
-                    Some(&DROPPED) => {}
-                    Some(&o) => w.put_promote(time, dom, ObjId(o))?,
+                match st.live.get_mut(&id) {
+                    Some(&mut DROPPED) => {}
+                    Some(o) if *o & PROMOTED != 0 => {
+                        let msg = format!("second promote of object {id}; left out");
+                        warn_input(st, msg);
+                    }
+                    Some(o) => {
+                        let out = *o;
+                        *o |= PROMOTED;
+                        ids.event(dom);
+                        batch.cmds.push(Cmd::Promote {
+                            time,
+                            domain: dom.0,
+                            id: out,
+                        });
+                    }
                     None => warn_input(
                         st,
                         format!("promote of object {id} that is not live; left out"),
@@ -566,7 +610,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 st.report.collects += 1;
                 match st.live.remove(&id) {
                     Some(DROPPED) => {}
-                    Some(o) => w.put_collect(time, dom, ObjId(o))?,
+                    Some(o) => {
+                        ids.event(dom);
+                        batch.cmds.push(Cmd::Collect {
+                            time,
+                            domain: dom.0,
+                            id: o & !PROMOTED,
+                        });
+                    }
                     None => warn_input(
                         st,
                         format!("collect of object {id} that is not live; left out"),
@@ -587,6 +638,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         } else {
             std::collections::binary_heap::PeekMut::pop(top);
         }
+        if batch.cmds.len() >= BATCH {
+            let full = std::mem::replace(&mut batch, writer.batch());
+            if !writer.send(full) {
+                writer_failed = true;
+                break;
+            }
+        }
         nevents += 1;
         if nevents.is_multiple_of(4096) && INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Usage("merge interrupted; no output written".into()));
@@ -597,16 +655,20 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 && now.duration_since(last_progress) > Duration::from_millis(250)
             {
                 last_progress = now;
+                let done = pipe.bytes_read();
                 eprint!(
                     "\rmemtrace-merge: {} events, {:.0}%   ",
                     nevents,
-                    100.0 * (pipe.bytes_read() as f64 / total_bytes.max(1) as f64).min(1.0)
+                    100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
                 );
             }
         }
     }
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         eprintln!();
+    }
+    if !writer_failed && !batch.cmds.is_empty() {
+        writer.send(batch);
     }
     let decoded = pipe
         .finish()
@@ -618,8 +680,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         st.report.warnings = d.warnings;
         st.report.warnings.extend(mine);
     }
-    let wstats = w.stats().clone();
-    let out = w.finish()?;
+    let (out, wstats) = writer.finish()?;
     let file = out
         .into_inner()
         .map_err(|e| Error::io(output, "write output", e.into_error()))?;

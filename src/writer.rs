@@ -311,7 +311,7 @@ impl<W: Write> Writer<W> {
         nsamples: u64,
         source: AllocSource,
         backtrace: &[LocationCode],
-        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
         let si = self.select(domain)?;
         self.check_time(si, time.0)?;
@@ -320,6 +320,43 @@ impl<W: Write> Writer<W> {
         let new = &backtrace[common..];
         s.last_backtrace.truncate(common);
         s.last_backtrace.extend_from_slice(new);
+        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
+    }
+
+    /// Like [`Writer::put_alloc`], for a caller that tracks each domain's previous
+    /// backtrace itself: the backtrace is the previous allocation's (of this domain) first
+    /// `common` frames followed by `new`, and `common` must be the longest such prefix (as
+    /// [`common_prefix`] computes it). A writer is fed through one of the two, not both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_alloc_delta(
+        &mut self,
+        time: Timestamp,
+        domain: DomainId,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
+        let si = self.select(domain)?;
+        self.check_time(si, time.0)?;
+        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn put_alloc_in(
+        &mut self,
+        si: usize,
+        time: Timestamp,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
         let is_short = (1..=16).contains(&length)
             && source == AllocSource::Minor
             && nsamples == 1
@@ -490,7 +527,7 @@ impl<W: Write> Writer<W> {
 
 /// Length of the longest common prefix of two backtraces.
 #[inline]
-fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
+pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut i = 0;
@@ -502,6 +539,80 @@ fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
         i += 1;
     }
     i
+}
+
+/// The ids a writer will give allocations, known ahead: format 2 counts them; format 3
+/// hands each domain chunks of [`IDS_PER_CHUNK`] ids from one counter (the initial domain's
+/// first, at creation; another domain's at its first event; a new one at a domain's first
+/// event after its chunk is used up). Feed it the same events, in the same order, as the
+/// writer: [`IdPlan::event`] before every event, [`IdPlan::alloc`] for allocations.
+#[derive(Clone, Debug)]
+pub struct IdPlan {
+    v3: bool,
+    global: u64,
+    /// (next id, end of chunk) per domain id; None until the domain's first event.
+    domains: Vec<Option<(u64, u64)>>,
+}
+
+impl IdPlan {
+    pub fn new(version: u16, initial_domain: DomainId) -> Self {
+        let mut p = IdPlan {
+            v3: version >= 3,
+            global: 0,
+            domains: Vec::new(),
+        };
+        let d = if p.v3 { initial_domain.0 } else { 0 };
+        p.create(d as usize);
+        p
+    }
+    #[cold]
+    fn create(&mut self, d: usize) {
+        let r = if self.v3 {
+            let n = self.global;
+            self.global += IDS_PER_CHUNK;
+            (n, n + IDS_PER_CHUNK)
+        } else {
+            (0, u64::MAX)
+        };
+        if self.domains.len() <= d {
+            self.domains.resize(d + 1, None);
+        }
+        self.domains[d] = Some(r);
+    }
+    #[inline]
+    fn slot(&self, domain: DomainId) -> usize {
+        if self.v3 {
+            domain.0 as usize
+        } else {
+            0
+        }
+    }
+    /// Before any event of `domain`.
+    #[inline]
+    pub fn event(&mut self, domain: DomainId) {
+        let d = self.slot(domain);
+        if self.domains.get(d).is_none_or(|r| r.is_none()) {
+            self.create(d);
+        }
+        if let Some(Some(r)) = self.domains.get_mut(d) {
+            if r.0 >= r.1 {
+                *r = (self.global, self.global + IDS_PER_CHUNK);
+                self.global += IDS_PER_CHUNK;
+            }
+        }
+    }
+    /// The id of an allocation of `domain` (after [`IdPlan::event`]).
+    #[inline]
+    pub fn alloc(&mut self, domain: DomainId) -> ObjId {
+        let d = self.slot(domain);
+        match self.domains.get_mut(d) {
+            Some(Some(r)) => {
+                r.0 += 1;
+                ObjId(r.0 - 1)
+            }
+            _ => ObjId(u64::MAX),
+        }
+    }
 }
 
 fn dummy_verifier() -> CacheVerifier {
