@@ -9,7 +9,8 @@
 //! reference reader at ~10 MB/s with backtraces and the reference copy (re-encode) at
 //! ~23 MB/s. No baseline was given for (b), (d) and (e).
 //!
-//! Environment: `THROUGHPUT_SYNTHETIC_MB` (default 100) sizes the synthetic trace (0 skips it).
+//! Environment: `THROUGHPUT_SYNTHETIC_MB` (default 100) sizes the synthetic trace (0 skips it);
+//! `THROUGHPUT_KEEP_SYNTHETIC=PATH` keeps a copy of it.
 
 use memtrace_merge::{
     copy::copy, dump, AllocSource, DomainId, Event, Location, LocationCode, LocationList, ObjId,
@@ -389,6 +390,9 @@ fn main() {
             None,
         );
         let bytes = std::fs::read(&path).unwrap();
+        if let Ok(keep) = std::env::var("THROUGHPUT_KEEP_SYNTHETIC") {
+            std::fs::write(&keep, &bytes).unwrap();
+        }
         bench_trace(&label, &bytes);
     }
     println!("total bench time {:.1} s", total.elapsed().as_secs_f64());

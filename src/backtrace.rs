@@ -29,19 +29,24 @@ pub fn buckets(code: LocationCode) -> (usize, usize) {
 /// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
 #[derive(Clone)]
 pub struct CacheReader {
+    /// Empty until the first decode, then CACHE_SIZE entries.
     loc: Box<[u64]>,
     pred: Box<[u16]>,
-    /// The last decoded backtrace, caller-first.
+    /// The last decoded backtrace, caller-first, is `last[..last_len]` (the rest is room).
     last: Vec<LocationCode>,
+    last_len: usize,
     scratch: Vec<LocationCode>,
 }
 
 impl Default for CacheReader {
+    /// An empty cache; its tables are allocated by the first [`CacheReader::decode`] (a
+    /// format-3 trace may name thousands of domains that never allocate).
     fn default() -> Self {
         CacheReader {
-            loc: vec![EMPTY; CACHE_SIZE].into_boxed_slice(),
-            pred: vec![0; CACHE_SIZE].into_boxed_slice(),
+            loc: Box::default(),
+            pred: Box::default(),
             last: Vec::new(),
+            last_len: 0,
             scratch: Vec::new(),
         }
     }
@@ -51,7 +56,7 @@ impl CacheReader {
     /// The backtrace decoded last (caller-first).
     #[inline]
     pub fn backtrace(&self) -> &[LocationCode] {
-        &self.last
+        &self.last[..self.last_len]
     }
 
     /// Decode `nencoded` codewords after `common_prefix` frames of the previous backtrace.
@@ -67,42 +72,62 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        if common_prefix <= self.last.len() as u64 {
-            self.last.truncate(common_prefix as usize);
+        if self.loc.is_empty() {
+            self.loc = vec![EMPTY; CACHE_SIZE].into_boxed_slice();
+            self.pred = vec![0; CACHE_SIZE].into_boxed_slice();
+        }
+        if common_prefix <= self.last_len as u64 {
             let mut out = std::mem::take(&mut self.last);
-            let r = self.decode_into(c, nencoded, &mut out, defined);
+            let r = self.decode_into(c, nencoded, &mut out, common_prefix as usize, defined);
             self.last = out;
-            r
+            // on error the backtrace is left as the prefix (the event is not handed out)
+            self.last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
+            r.map(|_| ())
         } else {
             let mut out = std::mem::take(&mut self.scratch);
-            out.clear();
-            let r = self.decode_into(c, nencoded, &mut out, defined);
+            let r = self.decode_into(c, nencoded, &mut out, 0, defined);
             self.scratch = out;
-            r
+            r.map(|_| ())
         }
     }
 
+    /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
     #[inline]
     fn decode_into(
         &mut self,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
+        start: usize,
         defined: impl Fn(LocationCode) -> bool,
-    ) -> Result<(), Malformed> {
+    ) -> Result<usize, Malformed> {
+        const M: usize = CACHE_SIZE - 1;
         let mut pred = 0usize;
+        let mut len = start;
         for _ in 0..nencoded {
+            // room for the most one codeword can give (a hit and 255 predictions)
+            if out.len() < len + 256 {
+                if len > MAX_FRAMES {
+                    return Err(Malformed::BadValue {
+                        field: "backtrace length",
+                        value: len as i64,
+                    });
+                }
+                out.resize(len + 256 + len / 2, LocationCode(0));
+            }
             let cw = c.u16()?;
-            let bucket = (cw >> 2) as usize;
+            let bucket = (cw >> 2) as usize & M;
             let tag = cw & 3;
-            self.pred[pred] = bucket as u16;
+            self.pred[pred & M] = bucket as u16;
+            let slots = &mut out[len..len + 256];
             if tag == 3 {
                 let lit = ocaml_int(c.u64()?) as u64;
                 if !defined(LocationCode(lit)) {
                     return Err(Malformed::UndefinedLocation { code: lit });
                 }
                 self.loc[bucket] = lit;
-                out.push(LocationCode(lit));
+                slots[0] = LocationCode(lit);
+                len += 1;
                 pred = bucket;
             } else {
                 let n = match tag {
@@ -111,26 +136,29 @@ impl CacheReader {
                     _ => c.u8()? as usize,
                 };
                 let mut p = bucket;
-                let mut any_empty = self.loc[p] == EMPTY;
-                out.push(LocationCode(self.loc[p]));
-                for _ in 0..n {
-                    p = self.pred[p] as usize;
-                    any_empty |= self.loc[p] == EMPTY;
-                    out.push(LocationCode(self.loc[p]));
+                let mut v = self.loc[p];
+                let mut any_empty = v == EMPTY;
+                slots[0] = LocationCode(v);
+                for slot in &mut slots[1..=n] {
+                    p = self.pred[p] as usize & M;
+                    v = self.loc[p];
+                    any_empty |= v == EMPTY;
+                    *slot = LocationCode(v);
                 }
+                len += n + 1;
                 if any_empty {
                     return Err(Malformed::EmptyCacheEntry);
                 }
                 pred = p;
             }
-            if out.len() > MAX_FRAMES {
-                return Err(Malformed::BadValue {
-                    field: "backtrace length",
-                    value: out.len() as i64,
-                });
-            }
         }
-        Ok(())
+        if len > MAX_FRAMES {
+            return Err(Malformed::BadValue {
+                field: "backtrace length",
+                value: len as i64,
+            });
+        }
+        Ok(len)
     }
 
     /// Skip a backtrace without decoding it (cache left untouched, as the reference's skip).
@@ -160,7 +188,9 @@ impl CacheReader {
         } else {
             self.loc.get(i).copied().unwrap_or(0)
         };
-        i < CACHE_SIZE && self.pred[i] == v.prediction && loc == ocaml_int(v.value) as u64
+        // (tables not allocated yet: every entry empty, every prediction 0)
+        let pred = self.pred.get(i).copied().unwrap_or(0);
+        i < CACHE_SIZE && pred == v.prediction && loc == ocaml_int(v.value) as u64
     }
 }
 
