@@ -459,10 +459,9 @@ impl<R: Read> Reader<R> {
     fn read_event(&mut self) -> Result<Option<Pending>> {
         let at = self.pkt_pos;
         let mut c = Cursor::new(&self.buf[self.pkt_pos..self.pkt_end]);
-        let h = self.header;
         let r = read_event_body(
             &mut c,
-            &h,
+            &self.header,
             &mut self.domains[self.cur],
             &mut self.last_time,
             &mut self.alloc_id,
@@ -470,31 +469,14 @@ impl<R: Read> Reader<R> {
             &mut self.new_codes,
             self.parse_backtraces,
         );
-        let used = c.pos();
         match r {
             Ok(p) => {
-                self.pkt_pos += used;
+                self.pkt_pos += c.pos();
                 Ok(p)
             }
-            Err(what) => {
-                let err_off = if matches!(
-                    what,
-                    Malformed::Truncated { .. } | Malformed::UnterminatedString
-                ) {
-                    at
-                } else {
-                    at + used
-                };
-                let mut e = self.err_at(err_off, what);
-                if let Error::Malformed {
-                    what: Malformed::Truncated { .. },
-                    ..
-                } = e
-                {
-                    e = self.err_at(at, Malformed::EventOverrun);
-                }
-                Err(e)
-            }
+            // Errors name the offset of the event they are about.
+            Err(Malformed::Truncated { .. }) => Err(self.err_at(at, Malformed::EventOverrun)),
+            Err(what) => Err(self.err_at(at, what)),
         }
     }
 
@@ -747,14 +729,21 @@ fn read_event_body(
     }
 }
 
-/// The domains of a trace, in order of first appearance, from its packet headers alone
-/// (formats 1-2: just domain 0). Stops quietly at the first damaged header.
+/// Most domains of one trace that a merge reads: each is read as a stream of its own (the
+/// whole file again), so a trace naming thousands is refused rather than read thousands of
+/// times over.
+pub const MAX_MERGE_DOMAINS: usize = 1024;
+
+/// The domains of a trace that have events, in order of first appearance (the info
+/// packet's first), from its packet headers alone (formats 1-2: just domain 0). Stops
+/// quietly at the first damaged header. More than [`MAX_MERGE_DOMAINS`] is an error.
 pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
     use std::io::{Seek, SeekFrom};
     let mut f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
     let len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
     let mut off = 0u64;
     let mut domains = Vec::new();
+    let mut seen = vec![false; 1 << 16];
     let mut hdr = [0u8; 68];
     let mut first = true;
     while off < len {
@@ -771,11 +760,17 @@ pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
         if first && h.version < 3 {
             return Ok(vec![0]);
         }
-        if !first && !domains.contains(&h.domain) {
+        // a packet that is only its header holds no event: it needs no stream
+        let has_events = h.size > header_size(h.version) as u64;
+        if (first || has_events) && !seen[h.domain as usize] {
+            seen[h.domain as usize] = true;
             domains.push(h.domain);
-        }
-        if first {
-            domains.push(h.domain);
+            if domains.len() > MAX_MERGE_DOMAINS {
+                return Err(Error::Incompatible(format!(
+                    "{}: more than {MAX_MERGE_DOMAINS} domains with events (another one at byte {off}); merging so many domains of one trace is not supported",
+                    path.display()
+                )));
+            }
         }
         first = false;
         off += h.size;

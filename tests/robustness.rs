@@ -1517,3 +1517,108 @@ fn an_interrupted_merge_leaves_nothing() {
     assert_eq!(r.allocs, 231_910);
     assert_eq!(listing(&d), vec!["merged.ctf".to_string()]);
 }
+
+/// A format-3 trace whose packets name thousands of domains: each domain's decoder tables
+/// are allocated only when it decodes a backtrace (they were 160 KiB each up front: a 4 MiB
+/// file of empty packets made `check` take 10 GiB), domains without events get no merge
+/// stream, and a merge refuses more than `MAX_MERGE_DOMAINS` domains with events in one
+/// trace (each is a stream re-reading the file) instead of running for minutes.
+#[test]
+fn thousands_of_domains_stay_cheap() {
+    let single = std::fs::read(data("v3/single.ctf")).unwrap();
+    let p = packets(&single);
+    let info = &single[..p[0].end()];
+    let (tb, pid) = (u64_at(info, TIME_BEGIN), u64_at(info, PID));
+    // a packet of `domain` holding `body`
+    let packet = |domain: u16, body: &[u8]| {
+        let mut h = info[..68].to_vec();
+        set_u32(&mut h, SIZE, (68 + body.len()) as u32 * 8);
+        set_u64(&mut h, TIME_BEGIN, tb);
+        set_u64(&mut h, TIME_END, tb);
+        set_u64(&mut h, PID, pid);
+        set_u16(&mut h, DOMAIN, domain);
+        set_u16(&mut h, 40, 0xffff); // no cache verifier
+        set_u64(&mut h, 52, 5); // alloc ids 5..5
+        set_u64(&mut h, 60, 5);
+        h.extend_from_slice(body);
+        h
+    };
+    // a collect of object 4 at the packet's time
+    let mut collect = ((4u32 << 25) | (tb as u32 & 0x1ff_ffff))
+        .to_le_bytes()
+        .to_vec();
+    collect.push(0);
+    let dir = scratch();
+    let d = dir.path();
+    let mut empty = info.to_vec();
+    for dom in 0..=u16::MAX {
+        empty.extend(packet(dom, &[]));
+    }
+    let empty_f = d.join("empty-domains.ctf");
+    std::fs::write(&empty_f, &empty).unwrap();
+    let with_events = |n: u16| {
+        let mut b = info.to_vec();
+        for dom in 0..n {
+            b.extend(packet(dom, &collect));
+        }
+        let f = d.join(format!("domains-{n}.ctf"));
+        std::fs::write(&f, &b).unwrap();
+        f
+    };
+    let (ok_f, many_f) = (with_events(1000), with_events(3000));
+    let limits = "ulimit -v 1048576";
+    let t = Duration::from_secs(20);
+    let clean = data("rates/slow.ctf");
+    let mut worst = 0;
+    for f in [&empty_f, &ok_f, &many_f] {
+        for cmd in ["check", "info", "dump"] {
+            let started = Instant::now();
+            let r = run_cli(limits, &[os(cmd), f.as_os_str()], d, t);
+            let took = started.elapsed();
+            assert!(
+                r.signal.is_none() && !r.stderr.contains("panicked"),
+                "{cmd}: {}",
+                r.stderr
+            );
+            let want = if cmd == "check" && f != &empty_f {
+                1
+            } else {
+                0
+            };
+            assert_eq!(r.code, Some(want), "{cmd} {}: {}", f.display(), r.stderr);
+            assert!(took < Duration::from_secs(5), "{cmd}: {took:?}");
+            worst = worst.max(r.peak_rss_kib);
+        }
+        let out = d.join("out.ctf");
+        let started = Instant::now();
+        let r = run_cli(
+            limits,
+            &[
+                os("merge"),
+                os("-q"),
+                os("-o"),
+                out.as_os_str(),
+                f.as_os_str(),
+                clean.as_os_str(),
+            ],
+            d,
+            t,
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "merge: {took:?}");
+        worst = worst.max(r.peak_rss_kib);
+        if f == &many_f {
+            assert_clean_cli_error(&r, f.to_str().unwrap(), "merge");
+            assert!(r.stderr.contains("more than 1024 domains"), "{}", r.stderr);
+            assert!(!out.exists());
+        } else {
+            assert_eq!(r.code, Some(0), "{}", r.stderr);
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+    println!("thousands of domains: peak RSS {worst} KiB");
+    assert!(worst < 256 * 1024, "peak RSS {worst} KiB");
+    let rep = check_file(&empty_f, &CheckOptions::default()).unwrap();
+    assert!(rep.is_valid(), "{:?}", rep.problems);
+    assert_eq!(memtrace_merge::reader::MAX_MERGE_DOMAINS, 1024);
+}
