@@ -510,6 +510,17 @@ fn sources() -> Vec<(String, Vec<u8>)> {
     .collect()
 }
 
+/// The clean second input of the merges: `rates/slow.ctf` with its sampling rate raised to
+/// 1, so that the merge thins it rather than the mutated input (whose every allocation
+/// then goes through the writer).
+fn write_clean(path: &Path) {
+    let mut b = std::fs::read(data("rates/slow.ctf")).unwrap();
+    // the info packet: 66-byte header, 4-byte event header, then the rate (f64)
+    assert_eq!(f64::from_bits(u64_at(&b, 70)), 1e-5);
+    set_u64(&mut b, 70, 1f64.to_bits());
+    std::fs::write(path, b).unwrap();
+}
+
 struct Case {
     source: usize,
     kind: usize,
@@ -545,7 +556,7 @@ fn mutated_traces_end_in_a_clean_result_or_a_clean_error() {
     let (srcs, cases) = cases(330);
     let dir = scratch();
     let clean = dir.path().join("clean.ctf");
-    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    write_clean(&clean);
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
@@ -761,7 +772,7 @@ fn mutated_traces_through_the_command_line() {
     let (_, cases) = cases(330);
     let dir = scratch();
     let clean = dir.path().join("clean.ctf");
-    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    write_clean(&clean);
     let limits = "ulimit -v 262144";
     let step = cases.len() / 50;
     let mut n = 0;
@@ -832,7 +843,7 @@ fn huge_declared_sizes_are_not_allocated() {
     let p = packets(&src);
     let dir = scratch();
     let clean = dir.path().join("clean.ctf");
-    std::fs::copy(data("rates/slow.ctf"), &clean).unwrap();
+    write_clean(&clean);
     let mut files = Vec::new();
     for (k, bits) in [
         (0usize, 0xffff_fff8u32),
