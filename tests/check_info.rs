@@ -611,7 +611,7 @@ fn cli_check_exit_codes_and_quiet() {
         "{out}"
     );
     assert!(
-        out.contains("bytecode-location-overflow.ctf: byte 299 (packet 1): error: "),
+        out.contains("bytecode-location-overflow.ctf: byte 280 (packet 1): error: "),
         "{out}"
     );
 
@@ -625,7 +625,7 @@ fn cli_check_exit_codes_and_quiet() {
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(
         out.starts_with(
-            "bytecode-location-overflow.ctf: byte 299 (packet 1): error: filename move-to-front"
+            "bytecode-location-overflow.ctf: byte 280 (packet 1): error: filename move-to-front"
         ),
         "{out}"
     );
@@ -682,7 +682,7 @@ fn cli_info_human_and_json() {
     let (code, _, err) = run(&["info", "bytecode-location-overflow.ctf"]);
     assert_ne!(code, 0);
     assert!(
-        err.contains("bytecode-location-overflow.ctf: byte 299"),
+        err.contains("bytecode-location-overflow.ctf: byte 280"),
         "{err}"
     );
 }
