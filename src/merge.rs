@@ -680,7 +680,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         st.report.warnings = d.warnings;
         st.report.warnings.extend(mine);
     }
-    let (out, wstats) = writer.finish()?;
+    let (out, wstats) = writer.finish().map_err(|e| name_output(e, output))?;
     let file = out
         .into_inner()
         .map_err(|e| Error::io(output, "write output", e.into_error()))?;
@@ -730,6 +730,18 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             .sum::<u64>();
     report.inputs = by_path;
     Ok(report)
+}
+
+/// The writer names its output `<output>`: name the file the user asked for instead.
+fn name_output(e: Error, output: &Path) -> Error {
+    match e {
+        Error::Io { path, op, source } if path.as_os_str() == "<output>" => Error::Io {
+            path: output.to_path_buf(),
+            op,
+            source,
+        },
+        e => e,
+    }
 }
 
 /// A person-readable summary of a merge: one line per input, then the totals.

@@ -1349,7 +1349,9 @@ fn disk_full_leaves_no_output_and_no_temporary() {
         assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
         assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
         assert!(
-            r.stderr.starts_with("memtrace-merge: ") && r.stderr.contains("File too large"),
+            r.stderr
+                .starts_with(&format!("memtrace-merge: {}: ", out.display()))
+                && r.stderr.contains("File too large"),
             "{}",
             r.stderr
         );
