@@ -170,11 +170,18 @@ impl WriteBuf {
         self.u64(v.to_bits())
     }
     /// A vint exactly as OCaml's `put_vint` writes it (negative values take 254 or 255).
-    #[inline]
+    #[inline(always)]
     pub fn vint(&mut self, v: i64) {
         if (0..=252).contains(&v) {
             self.u8(v as u8)
-        } else if v == v & 0xffff {
+        } else {
+            self.vint_big(v)
+        }
+    }
+
+    #[inline(never)]
+    fn vint_big(&mut self, v: i64) {
+        if v == v & 0xffff {
             self.put([253, v as u8, (v >> 8) as u8])
         } else if v == v as i32 as i64 {
             let b = (v as i32 as u32).to_le_bytes();

@@ -185,6 +185,26 @@ impl<W: Write> Writer<W> {
 
     /// The stream of `domain`, switching to it as the reference's multiplexed writer does
     /// (flushing the previous domain's packet first).
+    /// The stream of `domain`, checking that `now` does not go back in its time.
+    #[inline(always)]
+    fn stream_at(&mut self, domain: DomainId, now: u64) -> Result<usize> {
+        let cur = self.last;
+        if let Some(s) = self.streams.get(cur) {
+            if s.domain == domain.0 && now >= s.time_end {
+                return Ok(cur);
+            }
+        }
+        self.stream_at_slow(domain, now)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stream_at_slow(&mut self, domain: DomainId, now: u64) -> Result<usize> {
+        let si = self.select(domain)?;
+        self.check_time(si, now)?;
+        Ok(si)
+    }
+
     fn select(&mut self, domain: DomainId) -> Result<usize> {
         let cur = self.last;
         if self.streams[cur].domain == domain.0 {
@@ -313,8 +333,7 @@ impl<W: Write> Writer<W> {
         backtrace: &[LocationCode],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
-        let si = self.select(domain)?;
-        self.check_time(si, time.0)?;
+        let si = self.stream_at(domain, time.0)?;
         let s = &mut self.streams[si];
         let common = common_prefix(&s.last_backtrace, backtrace);
         let new = &backtrace[common..];
@@ -339,8 +358,7 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
-        let si = self.select(domain)?;
-        self.check_time(si, time.0)?;
+        let si = self.stream_at(domain, time.0)?;
         self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
     }
 
@@ -468,8 +486,7 @@ impl<W: Write> Writer<W> {
         domain: DomainId,
         id: ObjId,
     ) -> Result<()> {
-        let si = self.select(domain)?;
-        self.check_time(si, time.0)?;
+        let si = self.stream_at(domain, time.0)?;
         if self.version < 3 && id.0 >= self.streams[si].next_id {
             return Err(Error::Write(format!(
                 "{} of object {} which is not allocated yet",
