@@ -1635,3 +1635,85 @@ fn thousands_of_domains_stay_cheap() {
     assert!(rep.is_valid(), "{:?}", rep.problems);
     assert_eq!(memtrace_merge::reader::MAX_MERGE_DOMAINS, 1024);
 }
+
+/// KNOWN ISSUE (reported, not fixed here: the writer is another's): a source allocation
+/// whose backtrace has more new frames than one output packet can hold (here 20,000
+/// distinct frames, each a cache miss, in an oversized source packet; the reader accepts
+/// it) makes the whole merge fail with "backtrace with 20000 new frames does not fit in one
+/// packet", an error that does not name the input. Expected: the input's other events kept
+/// (the allocation left out or its backtrace cut, with a warning naming the input), or at
+/// least an error naming the input.
+#[test]
+#[ignore = "known issue: an unencodable backtrace fails the whole merge"]
+fn an_unencodable_backtrace_does_not_fail_the_whole_merge() {
+    let start = 1_000_000_000u64;
+    let pid = 4242u64;
+    let header = |size: usize, tb: u64, te: u64, ids: (u64, u64)| {
+        let mut h = Vec::new();
+        h.extend_from_slice(&0xc1fc_1fc1u32.to_le_bytes());
+        h.extend_from_slice(&(size as u32 * 8).to_le_bytes());
+        h.extend_from_slice(&tb.to_le_bytes());
+        h.extend_from_slice(&te.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&2u16.to_le_bytes());
+        h.extend_from_slice(&pid.to_le_bytes());
+        h.extend_from_slice(&0xffffu16.to_le_bytes());
+        h.extend_from_slice(&0u16.to_le_bytes());
+        h.extend_from_slice(&0u64.to_le_bytes());
+        h.extend_from_slice(&ids.0.to_le_bytes());
+        h.extend_from_slice(&ids.1.to_le_bytes());
+        h
+    };
+    let ev = |code: u32, t: u64| ((code << 25) | (t as u32 & 0x1ff_ffff)).to_le_bytes();
+    let mut info = ev(0, start).to_vec();
+    info.extend_from_slice(&1e-4f64.to_le_bytes());
+    info.push(64);
+    info.extend_from_slice(b"wide\0host\0\0");
+    info.extend_from_slice(&pid.to_le_bytes());
+    info.extend_from_slice(b"wide backtrace\0");
+    let t = start + 1;
+    let n = 20_000u64;
+    let mut body = Vec::new();
+    for i in 0..n {
+        // a location event: code, one location (new file, new defname), the two strings
+        body.extend_from_slice(&ev(1, t));
+        body.extend_from_slice(&(0x10000 + i).to_le_bytes());
+        body.push(1);
+        let enc: u64 = 1 | (31 << 38) | (31 << 43);
+        body.extend_from_slice(&(enc as u32).to_le_bytes());
+        body.extend_from_slice(&((enc >> 32) as u16).to_le_bytes());
+        body.extend_from_slice(format!("f.ml\0f{i}\0").as_bytes());
+    }
+    // one allocation (length 1, 1 sample, minor, no common prefix) of all n frames, literals
+    body.extend_from_slice(&ev(2, t));
+    body.extend_from_slice(&[1, 1, 0, 0]);
+    body.extend_from_slice(&(n as u16).to_le_bytes());
+    for i in 0..n {
+        let c = 0x10000 + i;
+        let bucket = (c.wrapping_mul(0x4983723) >> 11) & 0x3fff;
+        body.extend_from_slice(&(((bucket << 2) | 3) as u16).to_le_bytes());
+        body.extend_from_slice(&c.to_le_bytes());
+    }
+    let mut trace = header(66 + info.len(), start, start, (0, 0));
+    trace.extend_from_slice(&info);
+    trace.extend_from_slice(&header(66 + body.len(), start, start + 10, (0, 1)));
+    trace.extend_from_slice(&body);
+    let dir = scratch();
+    let wide = dir.path().join("wide.ctf");
+    std::fs::write(&wide, &trace).unwrap();
+    let rep = check_file(&wide, &CheckOptions::default()).unwrap();
+    assert!(rep.is_valid() && rep.allocs == 1, "{rep:?}");
+    let out = dir.path().join("out.ctf");
+    let r = {
+        let _g = merge_lock();
+        merge(
+            &[wide.clone(), data("fork/child-4.ctf")],
+            &out,
+            &MergeOptions::default(),
+        )
+    };
+    match r {
+        Ok(r) => assert!(!r.inputs[0].warnings.is_empty(), "{:?}", r.inputs[0]),
+        Err(e) => panic!("the merge failed: {e}"),
+    }
+}
