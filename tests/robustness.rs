@@ -1515,7 +1515,7 @@ fn an_interrupted_merge_leaves_nothing() {
     let seen = watcher.join().unwrap();
     INTERRUPT.store(false, Ordering::SeqCst);
     assert!(seen, "no temporary output seen");
-    let e = r.err().expect("the merge was interrupted");
+    let e = r.expect_err("the merge was interrupted");
     assert!(e.to_string().contains("interrupted"), "{e}");
     assert_eq!(listing(&d), Vec::<String>::new(), "left behind");
     println!("interrupted after {took:?}");
