@@ -74,6 +74,8 @@ pub struct InputReport {
     pub skipped_packets: u64,
     /// Location codes given a fresh code because another input used them differently.
     pub remapped_codes: u64,
+    /// Allocations whose backtrace was too deep for one whole packet, written cut.
+    pub cut_backtraces: u64,
     /// Left out entirely (unreadable, with `skip_bad_inputs`).
     pub skipped: bool,
     /// Reader warnings and merge notes about this input.
@@ -576,6 +578,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                         common: common as u32,
                         new: fresh.len() as u32,
                         id: out_id.0,
+                        input: s.input as u32,
                     });
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
@@ -680,7 +683,21 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         st.report.warnings = d.warnings;
         st.report.warnings.extend(mine);
     }
-    let (out, wstats) = writer.finish().map_err(|e| name_output(e, output))?;
+    let (out, wstats, cuts) = writer.finish().map_err(|e| name_output(e, output))?;
+    for (k, &n) in cuts.iter().enumerate() {
+        if n > 0 {
+            if let Some(st) = states.get_mut(k) {
+                st.report.cut_backtraces = n;
+                warn_input(
+                    st,
+                    format!(
+                        "{n} allocation(s) had a backtrace too deep for one packet (over ~3,000 \
+                         new frames): each was kept cut to what fits"
+                    ),
+                );
+            }
+        }
+    }
     let file = out
         .into_inner()
         .map_err(|e| Error::io(output, "write output", e.into_error()))?;

@@ -77,6 +77,8 @@ pub(crate) enum Cmd {
         common: u32,
         new: u32,
         id: u64,
+        /// index of the input it comes from (for reporting cut backtraces)
+        input: u32,
     },
     Promote {
         time: u64,
@@ -111,10 +113,14 @@ const DEPTH: usize = 4;
 /// Commands per batch.
 pub(crate) const BATCH: usize = 8192;
 
+/// What the writer thread hands back: the output, its counts, and per input the number of
+/// backtraces too deep for one packet that had to be cut.
+pub(crate) type WriterDone<W> = (W, WriteStats, Vec<u64>);
+
 /// The sending end, on the merging thread.
 pub(crate) struct WriterThread<W: Write + Send + 'static> {
     chan: Arc<Chan>,
-    handle: Option<std::thread::JoinHandle<Result<(W, WriteStats)>>>,
+    handle: Option<std::thread::JoinHandle<Result<WriterDone<W>>>>,
 }
 
 impl<W: Write + Send + 'static> WriterThread<W> {
@@ -134,12 +140,14 @@ impl<W: Write + Send + 'static> WriterThread<W> {
         let handle = std::thread::Builder::new()
             .name("memtrace-merge-write".into())
             .spawn(move || {
-                if let Err(e) = write_all(&ch, &mut w, &meanings) {
+                let mut cuts = Vec::new();
+                if let Err(e) = write_all(&ch, &mut w, &meanings, &mut cuts) {
                     ch.abort.store(true, Ordering::Relaxed);
                     ch.room.notify_all();
                     return Err(e);
                 }
-                w.finish_with_stats()
+                let (out, stats) = w.finish_with_stats()?;
+                Ok((out, stats, cuts))
             })
             .map_err(|e| Error::Usage(format!("cannot start the writing thread: {e}")))?;
         Ok(WriterThread {
@@ -184,7 +192,7 @@ impl<W: Write + Send + 'static> WriterThread<W> {
     }
 
     /// Close the stream and wait for the writer: its output and counts, or its error.
-    pub fn finish(mut self) -> Result<(W, WriteStats)> {
+    pub fn finish(mut self) -> Result<WriterDone<W>> {
         self.close();
         let h = self.handle.take().expect("finish once");
         match h.join() {
@@ -220,6 +228,7 @@ fn write_all<W: Write>(
     ch: &Chan,
     w: &mut Writer<W>,
     meanings: &RwLock<IntMap<LocationCode, LocationList>>,
+    cuts: &mut Vec<u64>,
 ) -> Result<()> {
     loop {
         let b = {
@@ -250,7 +259,9 @@ fn write_all<W: Write>(
                     common,
                     new,
                     id,
+                    input,
                 } => {
+                    let cut_before = w.stats().cut_backtraces;
                     let frames = &b.frames[fp..fp + new as usize];
                     fp += new as usize;
                     let got = w.put_alloc_delta(
@@ -269,6 +280,13 @@ fn write_all<W: Write>(
                                 .cloned()
                         },
                     )?;
+                    if w.stats().cut_backtraces != cut_before {
+                        let k = input as usize;
+                        if cuts.len() <= k {
+                            cuts.resize(k + 1, 0);
+                        }
+                        cuts[k] += 1;
+                    }
                     if got != ObjId(id) {
                         return Err(Error::Write(format!(
                             "internal error: allocation planned as id {id} written as {}",

@@ -55,6 +55,8 @@ struct Stream {
     time_start: u64,
     time_end: u64,
     packet: WriteBuf,
+    /// Where the previous backtrace was cut (lossless mode), and the frames left out.
+    cut: Option<(usize, Vec<LocationCode>)>,
 }
 
 /// Counts of what was written.
@@ -67,6 +69,8 @@ pub struct WriteStats {
     pub collects: u64,
     /// Backtraces that did not fit the reference budget and were moved to a fresh packet.
     pub relocated_backtraces: u64,
+    /// Backtraces too deep for one whole packet (lossless mode), kept cut to what fits.
+    pub cut_backtraces: u64,
 }
 
 /// Writes one trace.
@@ -180,6 +184,7 @@ impl<W: Write> Writer<W> {
             time_start: self.start_time,
             time_end: self.start_time,
             packet,
+            cut: None,
         }
     }
 
@@ -375,6 +380,16 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
+        // After a backtrace had to be cut, the reader holds only its encoded part: frames
+        // this one shares beyond the cut are sent again.
+        let joined;
+        let (common, new) = match self.streams[si].cut.take() {
+            Some((at, tail)) if common > at => {
+                joined = [&tail[..(common - at).min(tail.len())], new].concat();
+                (at, &joined[..])
+            }
+            _ => (common, new),
+        };
         let is_short = (1..=16).contains(&length)
             && source == AllocSource::Minor
             && nsamples == 1
@@ -437,13 +452,12 @@ impl<W: Write> Writer<W> {
                     code.0
                 )));
             }
-            if done < new.len() && journal {
-                if attempt > 0 {
-                    return Err(Error::Write(format!(
-                        "backtrace with {} new frames does not fit in one packet",
-                        new.len()
-                    )));
-                }
+            if done < new.len() && journal && attempt > 0 {
+                // Not even a whole packet holds it: keep what fits (the reference would have
+                // kept less) and remember the rest for the next backtrace's shared frames.
+                s.cut = Some((common + done, new[done..].to_vec()));
+                self.stats.cut_backtraces += 1;
+            } else if done < new.len() && journal {
                 // Undo this attempt and retry in a fresh packet with the whole packet's room.
                 s.cache.rollback(&mut self.journal);
                 let (plen, nlocs, tend, nid) = saved;
@@ -637,5 +651,167 @@ fn dummy_verifier() -> CacheVerifier {
         index: NO_VERIFIER,
         prediction: 0,
         value: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Event;
+    use crate::location::Location;
+    use crate::reader::Reader;
+    use std::sync::Arc;
+
+    fn info(version: u16) -> TraceInfo {
+        TraceInfo {
+            sample_rate: 1e-4,
+            word_size: 64,
+            executable_name: b"t".to_vec(),
+            host_name: b"h".to_vec(),
+            ocaml_runtime_params: vec![],
+            pid: 1,
+            start_time: Timestamp(1_000_000),
+            context: None,
+            initial_domain: DomainId(0),
+            version,
+        }
+    }
+
+    fn locs(c: LocationCode) -> Option<LocationList> {
+        Some(Arc::from(vec![Location {
+            filename: Arc::from(&b"a.ml"[..]),
+            line: (c.0 % 1000) as u32,
+            start_char: 0,
+            end_char: 1,
+            defname: Arc::from(&b"f"[..]),
+        }]))
+    }
+
+    fn read_all(bytes: &[u8]) -> Vec<Vec<LocationCode>> {
+        let mut r = Reader::new(bytes, "t").unwrap();
+        let mut v = Vec::new();
+        while let Some(ev) = r.next_event().unwrap() {
+            if let Event::Alloc(a) = ev {
+                v.push(a.backtrace.to_vec());
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn lossless_keeps_deep_backtraces_whole_and_cuts_only_what_no_packet_holds() {
+        // 3,000 distinct frames (30 KB of misses) fit a packet of their own; 5,000 do not.
+        let deep: Vec<LocationCode> = (0..3000).map(|i| LocationCode(0x1000 + i)).collect();
+        let deeper: Vec<LocationCode> = (0..5000).map(|i| LocationCode(0x9000 + i)).collect();
+        let mut after = deeper.clone();
+        after.push(LocationCode(7));
+        let small = vec![LocationCode(1), LocationCode(2)];
+        let mut w = Writer::new(
+            Vec::new(),
+            &info(2),
+            WriterOptions {
+                version: 2,
+                lossless: true,
+            },
+        )
+        .unwrap();
+        for (k, bt) in [&small, &deep, &small, &deeper, &after, &small]
+            .iter()
+            .enumerate()
+        {
+            w.put_alloc(
+                Timestamp(1_000_000 + k as u64),
+                DomainId(0),
+                3,
+                1,
+                AllocSource::Minor,
+                bt,
+                locs,
+            )
+            .unwrap();
+        }
+        assert_eq!(w.stats().cut_backtraces, 1);
+        assert!(w.stats().relocated_backtraces >= 2);
+        let got = read_all(&w.finish().unwrap());
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[1], deep, "a 3,000-frame backtrace is kept whole");
+        assert!(
+            got[3].len() < deeper.len() && deeper.starts_with(&got[3]),
+            "cut to a prefix"
+        );
+        assert_eq!(
+            got[4], after,
+            "the next backtrace is whole again, shared frames resent"
+        );
+        assert_eq!(got[5], small);
+    }
+
+    #[test]
+    fn reference_mode_truncates_like_the_reference() {
+        let deep: Vec<LocationCode> = (0..3000).map(|i| LocationCode(0x1000 + i)).collect();
+        let mut w = Writer::new(
+            Vec::new(),
+            &info(2),
+            WriterOptions {
+                version: 2,
+                lossless: false,
+            },
+        )
+        .unwrap();
+        w.put_alloc(
+            Timestamp(1_000_000),
+            DomainId(0),
+            3,
+            1,
+            AllocSource::Minor,
+            &deep,
+            locs,
+        )
+        .unwrap();
+        let got = read_all(&w.finish().unwrap());
+        // 4 KiB budget: about 400 ten-byte misses
+        assert!(
+            got[0].len() < 420 && deep.starts_with(&got[0]),
+            "{}",
+            got[0].len()
+        );
+    }
+
+    #[test]
+    fn id_plan_matches_the_writer_across_domains_and_chunks() {
+        let mut w = Writer::new(
+            Vec::new(),
+            &info(3),
+            WriterOptions {
+                version: 3,
+                lossless: true,
+            },
+        )
+        .unwrap();
+        w.set_flush_on_domain_switch(false);
+        let mut plan = IdPlan::new(3, DomainId(0));
+        let mut t = 1_000_000;
+        for k in 0..25_000u64 {
+            let d = DomainId([0, 2, 1, 2][(k % 4) as usize] * (k > 100) as u16);
+            t += 1;
+            plan.event(d);
+            let want = plan.alloc(d);
+            let got = w
+                .put_alloc(
+                    Timestamp(t),
+                    d,
+                    1,
+                    1,
+                    AllocSource::Minor,
+                    &[LocationCode(5)],
+                    locs,
+                )
+                .unwrap();
+            assert_eq!(got, want, "allocation {k}");
+            if k % 7 == 0 {
+                plan.event(d);
+                w.put_collect(Timestamp(t), d, got).unwrap();
+            }
+        }
     }
 }
