@@ -627,3 +627,67 @@ fn cli_merge_writes_the_same_as_the_library() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn format_3_output_gives_every_input_domain_its_own_id() {
+    let mut inputs = fork();
+    inputs.push(data("v3/multidomain.ctf"));
+    let (_d, out, _) = merged(
+        &inputs,
+        &MergeOptions {
+            format: Some(3),
+            ..Default::default()
+        },
+    );
+    let mut r = Reader::open(&out).unwrap();
+    let mut per_domain: HashMap<u16, (u64, Vec<u64>)> = HashMap::new();
+    while let Some(ev) = r.next_event().unwrap() {
+        if let memtrace_merge::Event::Alloc(a) = ev {
+            let e = per_domain.entry(a.domain.0).or_default();
+            e.0 += 1;
+            e.1.push(a.time.0);
+        }
+    }
+    // five format-2 inputs (one stream each) and the three domains of multidomain.ctf
+    assert_eq!(
+        per_domain.len(),
+        8,
+        "{:?}",
+        per_domain.keys().collect::<Vec<_>>()
+    );
+    let mut counts: Vec<u64> = per_domain.values().map(|v| v.0).collect();
+    counts.sort_unstable();
+    let mut want = vec![88_445, 8_336, 17_914, 100_716, 16_499, 5_557, 5_638, 5_304];
+    want.sort_unstable();
+    assert_eq!(counts, want);
+    for (_, times) in per_domain.values() {
+        assert!(
+            times.windows(2).all(|w| w[0] <= w[1]),
+            "each domain in time order"
+        );
+    }
+}
+
+#[test]
+fn inputs_of_different_word_sizes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.ctf");
+    write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
+    let mut i32b = info(2, 1_000_000, 1e-4, "beta.ml");
+    i32b.word_size = 32;
+    let b = dir.path().join("b32.ctf");
+    let w = Writer::new(
+        std::fs::File::create(&b).unwrap(),
+        &i32b,
+        WriterOptions {
+            version: 2,
+            lossless: true,
+        },
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let out = dir.path().join("out.ctf");
+    let e = merge(&[a, b], &out, &MergeOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("word size 32"), "{e}");
+    assert!(!out.exists());
+}
