@@ -40,18 +40,52 @@ impl Thinner {
             rng: Rng::new(seed, stream),
         }
     }
-    /// A Binomial(n, p) draw: how many of `n` samples survive.
+    /// A Binomial(n, p) draw: how many of `n` samples survive. Exact for small `n` (one
+    /// Bernoulli trial each) and small `n·p` (geometric jumps between survivors); a rounded
+    /// normal draw with the same mean and variance beyond that (n·p > 64), so even an absurd
+    /// sample count costs constant time.
     pub fn keep(&mut self, n: u64) -> u64 {
-        if self.p >= 1.0 {
+        let p = self.p;
+        if p >= 1.0 {
             return n;
         }
-        let mut k = 0;
-        for _ in 0..n {
-            if self.rng.next_f64() < self.p {
+        if p <= 0.0 || n == 0 {
+            return 0;
+        }
+        if n <= 64 {
+            let mut k = 0;
+            for _ in 0..n {
+                if self.rng.next_f64() < p {
+                    k += 1;
+                }
+            }
+            return k;
+        }
+        let mean = n as f64 * p;
+        if mean <= 64.0 {
+            // survivors are Geometric(p) trials apart
+            let ln_q = (1.0 - p).ln();
+            let mut pos = 0u64;
+            let mut k = 0u64;
+            loop {
+                let u = 1.0 - self.rng.next_f64(); // (0, 1]
+                let skip = (u.ln() / ln_q).floor();
+                if !skip.is_finite() || skip >= (n - pos) as f64 {
+                    return k;
+                }
+                pos += skip as u64 + 1;
                 k += 1;
+                if pos >= n {
+                    return k;
+                }
             }
         }
-        k
+        // Box-Muller
+        let u1 = 1.0 - self.rng.next_f64();
+        let u2 = self.rng.next_f64();
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let x = (mean + z * (mean * (1.0 - p)).sqrt()).round();
+        x.clamp(0.0, n as f64) as u64
     }
 }
 
@@ -67,6 +101,29 @@ mod tests {
         let mean = n as f64 * 0.01;
         let sd = (n as f64 * 0.01 * 0.99).sqrt();
         assert!((k as f64 - mean).abs() < 5.0 * sd, "k={k} mean={mean}");
+    }
+
+    #[test]
+    fn large_counts_are_fast_and_right_on_average() {
+        for (n, p) in [
+            (1_000u64, 0.01),
+            (100_000, 0.3),
+            (u64::MAX / 2, 1e-5),
+            (5_000, 0.001),
+        ] {
+            let mut t = Thinner::new(p, 9, 0);
+            let trials = 2_000;
+            let total: f64 = (0..trials).map(|_| t.keep(n) as f64).sum();
+            let mean = n as f64 * p;
+            let sd = (n as f64 * p * (1.0 - p) / trials as f64).sqrt();
+            assert!(
+                (total / trials as f64 - mean).abs() < 6.0 * sd + 1e-9 * mean,
+                "n={n} p={p}: {}",
+                total / trials as f64
+            );
+        }
+        let mut t = Thinner::new(0.5, 1, 1);
+        assert!(t.keep(u64::MAX) <= u64::MAX);
     }
 
     #[test]
