@@ -168,3 +168,31 @@ fn a_second_promote_is_left_out() {
         merge_harness(&std::fs::read(dir().join("merge-double-promote-fuzz.pair")).unwrap());
     assert!(!reports.is_empty());
 }
+
+/// Found by the merge target (a timeout): an allocation with a fuzzed nsamples near 2^62 in
+/// an input thinned to a slower partner's rate was thinned one Bernoulli trial per sample,
+/// practically forever. Thinning now takes constant time for any count (fixed in thin.rs).
+/// `merge-huge-nsamples.pair` is the same made small: nsamples 2^62 - 1 at rate 1e-4, and a
+/// partner at 1e-5.
+#[test]
+fn a_huge_sample_count_is_thinned_at_once() {
+    for name in ["merge-huge-nsamples.pair", "merge-huge-nsamples-fuzz.pair"] {
+        let data = std::fs::read(dir().join(name)).unwrap();
+        let t = Instant::now();
+        let reports = merge_harness(&data);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{name}: {:?}",
+            t.elapsed()
+        );
+        if name == "merge-huge-nsamples.pair" {
+            let r = &reports[0];
+            assert_eq!(r.allocs, 2);
+            let a = &r.inputs[0];
+            assert_eq!(a.samples_read, (1 << 62) - 1);
+            // kept about a tenth of them
+            let f = a.samples_written as f64 / a.samples_read as f64;
+            assert!((f - 0.1).abs() < 1e-3, "{f}");
+        }
+    }
+}
