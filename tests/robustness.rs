@@ -1721,3 +1721,44 @@ fn an_unencodable_backtrace_does_not_fail_the_whole_merge() {
     let rep = check_file(&out, &CheckOptions::default()).unwrap();
     assert!(rep.is_valid(), "{:?}", rep.problems);
 }
+
+/// SIGINT or SIGTERM to a running `memtrace-merge merge`: it stops, removes its temporary
+/// output, writes nothing at the output path and exits 130 with one line.
+#[test]
+fn a_signalled_cli_merge_leaves_nothing() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let dir = scratch();
+        let d = dir.path();
+        let out = d.join("merged.ctf");
+        std::fs::write(&out, b"earlier").unwrap();
+        let mut child = Command::new(bin())
+            .args(["merge", "-q", "-o"])
+            .arg(&out)
+            .args([data("fork"), data("fork"), data("fork")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let mut seen = false;
+        while t.elapsed() < Duration::from_secs(60) {
+            if listing(d).iter().any(|n| n.starts_with(".merged.ctf.tmp-")) {
+                seen = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(seen, "no temporary output seen");
+        unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+        let o = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "signal {sig}: {stderr}");
+        assert_eq!(stderr, "memtrace-merge: interrupted; no output written\n");
+        assert_eq!(listing(d), vec!["merged.ctf".to_string()], "left behind");
+        assert_eq!(std::fs::read(&out).unwrap(), b"earlier");
+    }
+}
