@@ -239,6 +239,12 @@ impl<W: Write> Writer<W> {
         Ok(i)
     }
 
+    #[cold]
+    #[inline(never)]
+    fn flush_cold(&mut self, si: usize, now: u64) -> Result<()> {
+        self.flush_at(si, now)
+    }
+
     /// Write the stream's pending location packets and its events packet; start a new one.
     fn flush_at(&mut self, si: usize, now: u64) -> Result<()> {
         let version = self.version;
@@ -309,6 +315,7 @@ impl<W: Write> Writer<W> {
 
     /// The reference's `begin_event`: flush when the packet is nearly full, has many new
     /// locations, would span over 30 s, or (format 3) the id chunk is used up.
+    #[inline(always)]
     fn begin_event(&mut self, si: usize, code: EventCode, now: u64) -> Result<()> {
         let s = &self.streams[si];
         if MAX_PACKET_SIZE - s.packet.len() < MAX_EV_SIZE
@@ -316,7 +323,7 @@ impl<W: Write> Writer<W> {
             || (now as i64).wrapping_sub(s.time_start as i64) > PACKET_MAX_TIME as i64
             || s.next_id >= s.last_id
         {
-            self.flush_at(si, now)?;
+            self.flush_cold(si, now)?;
         }
         let s = &mut self.streams[si];
         s.time_end = now;
@@ -493,6 +500,7 @@ impl<W: Write> Writer<W> {
         }
     }
 
+    #[inline]
     fn put_id_event(
         &mut self,
         code: EventCode,
