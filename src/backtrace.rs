@@ -339,15 +339,17 @@ impl CacheWriter {
                 let mut ncorrect = 0usize;
                 pos += 1;
                 ncodes += 1;
+                // Predictions write nothing, so the reference's room check (made before each
+                // predicted frame) has the same answer for the whole run: make it once.
+                if b.len() + 2 > limit {
+                    Self::put_hit(b, orig, ncorrect);
+                    return (ncodes, pos);
+                }
                 loop {
                     let Some(&LocationCode(slot)) = frames.get(pos) else {
                         Self::put_hit(b, orig, ncorrect);
                         return (ncodes, pos);
                     };
-                    if b.len() + 2 > limit {
-                        Self::put_hit(b, orig, ncorrect);
-                        return (ncodes, pos);
-                    }
                     let pb = self.next[predictor & M] as usize & M;
                     if self.cache[pb] == slot {
                         if ncorrect == 255 {
