@@ -67,6 +67,7 @@ enum Cmd {
         /// No progress line and no per-input summary
         #[arg(short, long)]
         quiet: bool,
+        /// Traces: files, or directories whose *.ctf files are taken in name order
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
     },
