@@ -77,3 +77,43 @@ pub fn copy<R: Read, W: Write>(
     let (out, stats) = w.finish_with_stats()?;
     Ok((out, stats, warnings))
 }
+
+/// [`copy`] from one file to another: the output is written beside itself under a
+/// temporary name and renamed when complete, and it may not be the input.
+pub fn copy_file(
+    input: &std::path::Path,
+    output: &std::path::Path,
+    version: Option<u16>,
+) -> Result<(WriteStats, Vec<Warning>)> {
+    if crate::merge::same_file(input, output) {
+        return Err(Error::Usage(format!(
+            "output {} is the input; refusing to overwrite it",
+            output.display()
+        )));
+    }
+    let mut r = Reader::open(input)?;
+    let version = version.unwrap_or(r.info().version.max(2));
+    let (tmp, f) = crate::merge::TempOutput::create(output)?;
+    let out = std::io::BufWriter::with_capacity(1 << 20, f);
+    let (out, stats, warnings) = copy(
+        &mut r,
+        out,
+        WriterOptions {
+            version,
+            lossless: false,
+        },
+    )
+    .map_err(|e| match e {
+        Error::Io { path, op, source } if path.as_os_str() == "<output>" => Error::Io {
+            path: output.to_path_buf(),
+            op,
+            source,
+        },
+        e => e,
+    })?;
+    let f = out
+        .into_inner()
+        .map_err(|e| Error::io(output, "write", e.into_error()))?;
+    tmp.commit(f)?;
+    Ok((stats, warnings))
+}

@@ -211,19 +211,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             output,
             format,
         } => {
-            let mut r = Reader::open(&input)?;
-            let version = format.unwrap_or(r.info().version.max(2));
-            let f = std::fs::File::create(&output)
-                .map_err(|e| memtrace_merge::Error::io(&output, "create", e))?;
-            let out = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (_, _, warnings) = memtrace_merge::copy::copy(
-                &mut r,
-                out,
-                memtrace_merge::WriterOptions {
-                    version,
-                    lossless: false,
-                },
-            )?;
+            let (_, warnings) = memtrace_merge::copy::copy_file(&input, &output, format)?;
             for w in warnings {
                 eprintln!("warning: {w}");
             }

@@ -136,7 +136,7 @@ fn canonical_maybe_new(p: &Path) -> Option<PathBuf> {
     Some(dir.canonicalize().ok()?.join(name))
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
@@ -149,14 +149,14 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// The output file under construction: a temporary beside the target, removed unless
 /// committed (renamed onto the target) at the end.
-struct TempOutput {
+pub(crate) struct TempOutput {
     tmp: PathBuf,
     target: PathBuf,
     committed: bool,
 }
 
 impl TempOutput {
-    fn create(target: &Path) -> Result<(TempOutput, File)> {
+    pub(crate) fn create(target: &Path) -> Result<(TempOutput, File)> {
         let name = target.file_name().ok_or_else(|| {
             Error::Usage(format!("{}: output is not a file name", target.display()))
         })?;
@@ -207,7 +207,7 @@ impl TempOutput {
         )))
     }
 
-    fn commit(mut self, f: File) -> Result<()> {
+    pub(crate) fn commit(mut self, f: File) -> Result<()> {
         f.sync_all()
             .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
         drop(f);
@@ -224,6 +224,20 @@ impl Drop for TempOutput {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// Where an event goes in the merged order: by time, then by input (in the order given),
+/// then allocations before promotions before collections (so that an object collected by
+/// another domain of its input in the same microsecond still comes after its allocation),
+/// then by stream. A stream's own events are never reordered: only its next one competes.
+#[inline]
+fn order_key(s: &Stream, pos: usize, i: usize) -> (u64, u64, usize) {
+    let rank = match s.batch.evs[pos] {
+        Ev::Alloc { .. } => 0,
+        Ev::Promote { .. } => 1,
+        Ev::Collect { .. } => 2,
+    };
+    (s.batch.times[pos], ((s.input as u64) << 2) | rank, i)
 }
 
 /// One stream being merged (an input, or one domain of a format-3 input), as decoded
@@ -527,14 +541,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
         if s.pos < s.batch.evs.len() {
-            heap.push(Reverse((s.batch.times[0], i)));
+            heap.push(Reverse(order_key(s, 0, i)));
         }
     }
     let mut batch = writer.batch();
     let mut nevents = 0u64;
     let mut writer_failed = false;
     while let Some(mut top) = heap.peek_mut() {
-        let Reverse((time, i)) = *top;
+        let Reverse((time, _, i)) = *top;
         let s = &mut streams[i];
         let st = &mut states[s.input];
         let dom = s.out_domain;
@@ -637,7 +651,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
         if s.pos < s.batch.evs.len() {
             // replace the top in place (one sift-down instead of a pop and a push)
-            *top = Reverse((s.batch.times[s.pos], i));
+            *top = Reverse(order_key(s, s.pos, i));
         } else {
             std::collections::binary_heap::PeekMut::pop(top);
         }
