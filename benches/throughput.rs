@@ -180,14 +180,11 @@ fn bench_trace(label: &str, bytes: &[u8]) {
 
 // ---- the synthetic trace ------------------------------------------------------------------
 
-struct Rng(u64);
+struct Rng(memtrace_merge::thin::Rng);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // SplitMix64: the library's own generator
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
@@ -214,7 +211,7 @@ fn write_synthetic(path: &Path, target: u64) -> (u64, u64, f64) {
         initial_domain: DomainId(0),
         version: 2,
     };
-    let mut rng = Rng(2026);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(2026));
     const POOLS: usize = 4;
     let mut locs: HashMap<LocationCode, LocationList> = HashMap::new();
     let mut pools: Vec<Vec<LocationCode>> = Vec::new();

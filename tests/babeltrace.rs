@@ -396,14 +396,11 @@ fn shared_ocamlopt() {
 
 // ---- freshly written traces ---------------------------------------------------------------
 
-struct Rng(u64);
+struct Rng(memtrace_merge::thin::Rng);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // SplitMix64: the library's own generator
+        self.0.next_u64()
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
@@ -431,7 +428,7 @@ fn fresh_trace(version: u16, lossless: bool, seed: u64) -> (Vec<u8>, Option<u64>
         initial_domain: DomainId(0),
         version,
     };
-    let mut rng = Rng(seed);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(seed));
     let codes: Vec<LocationCode> = (0..20_000u64)
         .map(|i| LocationCode(0x5555_0000_0000 + i * 12 + 4))
         .collect();

@@ -131,15 +131,12 @@ fn prefix(b: &[u8], max: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // Deterministic random numbers (splitmix64).
 
-struct Rng(u64);
+struct Rng(memtrace_merge::thin::Rng);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // SplitMix64: the library's own generator
+        self.0.next_u64()
     }
     /// Uniform in 0..n (n > 0).
     fn below(&mut self, n: usize) -> usize {
@@ -531,7 +528,7 @@ struct Case {
 /// `per_source` deterministic cases per source, kinds taken in turn.
 fn cases(per_source: usize) -> (Vec<(String, Vec<u8>)>, Vec<Case>) {
     let srcs = sources();
-    let mut rng = Rng(0x6d65_6d74_7261_6365);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(0x6d65_6d74_7261_6365));
     let mut out = Vec::new();
     for (si, (_, b)) in srcs.iter().enumerate() {
         let p = packets(b);

@@ -26,16 +26,12 @@ use std::sync::Arc;
 // ---- a small deterministic PRNG ---------------------------------------------------------
 
 #[derive(Clone)]
-struct Rng(u64);
+struct Rng(memtrace_merge::thin::Rng);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // SplitMix64: the library's own generator
+        self.0.next_u64()
     }
     /// Uniform in 0..n (n > 0).
     fn below(&mut self, n: usize) -> usize {
@@ -274,7 +270,7 @@ fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
 
 impl Gen {
     fn new(p: &Params) -> Gen {
-        let mut rng = Rng(p.seed ^ 0x5eed);
+        let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed ^ 0x5eed));
         let first = rng.below(p.domains);
         Gen {
             p: p.clone(),
@@ -675,7 +671,7 @@ fn check_read_back(p: &Params, c: &Corpus, w: &Written) -> Result<u64, String> {
 }
 
 fn round_trip(p: &Params) -> Result<(), TestCaseError> {
-    let mut rng = Rng(p.seed);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let w = write_stream(p, &c).map_err(TestCaseError::fail)?;
     let n = check_read_back(p, &c, &w).map_err(TestCaseError::fail)?;
@@ -764,7 +760,7 @@ fn big(version: u16, domains: usize) {
         flush_on_switch: true,
     };
     let t0 = std::time::Instant::now();
-    let mut rng = Rng(p.seed);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let w1 = write_stream(&p, &c).unwrap();
     let t1 = t0.elapsed();
@@ -881,7 +877,7 @@ fn generator_covers_the_interesting_cases() {
         big_gaps: true,
         flush_on_switch: false,
     };
-    let mut rng = Rng(p.seed);
+    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let mut g = Gen::new(&p);
     let (mut short, mut deep, mut gap30, mut gap25, mut cross, mut promotes) = (0, 0, 0, 0, 0, 0);
