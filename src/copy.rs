@@ -14,11 +14,22 @@ pub fn copy<R: Read, W: Write>(
     out: W,
     opts: WriterOptions,
 ) -> Result<(W, WriteStats, Vec<Warning>)> {
+    copy_named(reader, out, opts, std::path::Path::new("<output>"))
+}
+
+/// [`copy`], naming `path` in output errors.
+fn copy_named<R: Read, W: Write>(
+    reader: &mut Reader<R>,
+    out: W,
+    opts: WriterOptions,
+    path: &std::path::Path,
+) -> Result<(W, WriteStats, Vec<Warning>)> {
     let mut info = reader.info().clone();
     if opts.version < 3 {
         info.initial_domain = crate::event::DomainId(0);
     }
     let mut w = Writer::new(out, &info, opts)?;
+    w.set_output_path(path);
     let mut warnings = Vec::new();
     let v2_out = opts.version < 3;
     let same_layout = v2_out == (reader.info().version < 3);
@@ -95,22 +106,11 @@ pub fn copy_file(
     let version = version.unwrap_or(r.info().version.max(2));
     let (tmp, f) = crate::merge::TempOutput::create(output)?;
     let out = std::io::BufWriter::with_capacity(1 << 20, f);
-    let (out, stats, warnings) = copy(
-        &mut r,
-        out,
-        WriterOptions {
-            version,
-            lossless: false,
-        },
-    )
-    .map_err(|e| match e {
-        Error::Io { path, op, source } if path.as_os_str() == "<output>" => Error::Io {
-            path: output.to_path_buf(),
-            op,
-            source,
-        },
-        e => e,
-    })?;
+    let opts = WriterOptions {
+        version,
+        lossless: false,
+    };
+    let (out, stats, warnings) = copy_named(&mut r, out, opts, output)?;
     let f = out
         .into_inner()
         .map_err(|e| Error::io(output, "write", e.into_error()))?;

@@ -519,6 +519,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             lossless: true,
         },
     )?;
+    w.set_output_path(output);
     if !single {
         w.set_flush_on_domain_switch(false);
     }
@@ -697,7 +698,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         st.report.warnings = d.warnings;
         st.report.warnings.extend(mine);
     }
-    let (out, wstats, cuts) = writer.finish().map_err(|e| name_output(e, output))?;
+    let (out, wstats, cuts) = writer.finish()?;
     for (k, &n) in cuts.iter().enumerate() {
         if n > 0 {
             if let Some(st) = states.get_mut(k) {
@@ -761,18 +762,6 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             .sum::<u64>();
     report.inputs = by_path;
     Ok(report)
-}
-
-/// The writer names its output `<output>`: name the file the user asked for instead.
-fn name_output(e: Error, output: &Path) -> Error {
-    match e {
-        Error::Io { path, op, source } if path.as_os_str() == "<output>" => Error::Io {
-            path: output.to_path_buf(),
-            op,
-            source,
-        },
-        e => e,
-    }
 }
 
 /// A person-readable summary of a merge: one line per input, then the totals.

@@ -76,6 +76,8 @@ pub struct WriteStats {
 /// Writes one trace.
 pub struct Writer<W: Write> {
     out: W,
+    /// named in I/O errors
+    path: std::path::PathBuf,
     version: u16,
     pid: u64,
     start_time: u64,
@@ -107,6 +109,7 @@ impl<W: Write> Writer<W> {
         };
         let mut w = Writer {
             out,
+            path: "<output>".into(),
             version: opts.version,
             pid: info.pid,
             start_time: info.start_time.0,
@@ -133,6 +136,11 @@ impl<W: Write> Writer<W> {
         Ok(w)
     }
 
+    /// The path that I/O errors name (default `<output>`).
+    pub fn set_output_path(&mut self, path: &std::path::Path) {
+        self.path = path.to_path_buf();
+    }
+
     /// Format 3: whether switching domains flushes the previous domain's packet, as the
     /// reference's multiplexed writer does (default). Without it, each domain keeps its
     /// packet open until full, so interleaved domains still make full packets.
@@ -150,7 +158,7 @@ impl<W: Write> Writer<W> {
     fn emit(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
             .write_all(bytes)
-            .map_err(|e| Error::io("<output>", "write", e))?;
+            .map_err(|e| Error::io(&self.path, "write", e))?;
         self.stats.packets += 1;
         self.stats.bytes += bytes.len() as u64;
         Ok(())
@@ -559,7 +567,7 @@ impl<W: Write> Writer<W> {
         }
         self.out
             .flush()
-            .map_err(|e| Error::io("<output>", "flush", e))?;
+            .map_err(|e| Error::io(&self.path, "flush", e))?;
         Ok((self.out, self.stats))
     }
 }
