@@ -4,9 +4,10 @@
 use crate::event::{AllocSource, Event, LocationCode};
 use crate::input::FilePool;
 use crate::location::{IntMap, LocationTable};
+use crate::merge::Warnings;
 use crate::pipeline::Codes;
 use crate::reader::Reader;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -61,7 +62,7 @@ pub(crate) struct StreamSpec {
 /// What the decoder learned about each input.
 #[derive(Default, Clone)]
 pub(crate) struct DecodeReport {
-    pub warnings: Vec<String>,
+    pub warnings: Warnings,
     pub remapped_codes: u64,
     pub skipped_packets: u64,
 }
@@ -203,12 +204,6 @@ struct DecState {
     counted: u64,
 }
 
-fn warn(rep: &mut DecodeReport, seen: &mut HashSet<String>, msg: String) {
-    if seen.len() < 1000 && seen.insert(msg.clone()) {
-        rep.warnings.push(msg);
-    }
-}
-
 fn claim(
     codes: &mut Codes,
     map: &mut IntMap<LocationCode, LocationCode>,
@@ -234,42 +229,33 @@ fn decode_all(
     codes: &mut Codes,
 ) -> Vec<DecodeReport> {
     let mut reports = vec![DecodeReport::default(); ninputs];
-    let mut seen: Vec<HashSet<String>> = vec![HashSet::new(); ninputs];
     let mut maps: Vec<IntMap<LocationCode, LocationCode>> = vec![IntMap::default(); ninputs];
     let pool = FilePool::from_rlimit();
     let batch_events = (131_072 / specs.len().max(1)).clamp(64, 4096);
     let mut st: Vec<DecState> = specs
         .iter()
         .map(|s| {
-            let r = pool
+            let reader = pool
                 .open(&s.path)
                 .map_err(|e| crate::error::Error::io(&s.path, "open", e))
                 .and_then(|f| Reader::new(f, &s.path.display().to_string()));
-            match r {
+            let reader = match reader {
                 Ok(mut r) => {
                     r.set_domain_filter(s.domain);
-                    DecState {
-                        reader: Some(r),
-                        input: s.input,
-                        bt_valid: false,
-                        done: false,
-                        counted: 0,
-                    }
+                    Some(r)
                 }
                 Err(e) => {
-                    warn(
-                        &mut reports[s.input],
-                        &mut seen[s.input],
-                        format!("could not be read again: {e}"),
-                    );
-                    DecState {
-                        reader: None,
-                        input: s.input,
-                        bt_valid: false,
-                        done: false,
-                        counted: 0,
-                    }
+                    let msg = format!("could not be read again: {e}");
+                    reports[s.input].warnings.push(msg);
+                    None
                 }
+            };
+            DecState {
+                reader,
+                input: s.input,
+                bt_valid: false,
+                done: false,
+                counted: 0,
             }
         })
         .collect();
@@ -307,7 +293,6 @@ fn decode_all(
                 codes,
                 &mut maps[k],
                 &mut reports[k],
-                &mut seen[k],
             );
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
@@ -350,7 +335,6 @@ fn fill(
     codes: &mut Codes,
     map: &mut IntMap<LocationCode, LocationCode>,
     rep: &mut DecodeReport,
-    seen: &mut HashSet<String>,
 ) {
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
@@ -396,19 +380,20 @@ fn fill(
                 break;
             }
             Err(e) => {
-                warn(rep, seen, format!("stopped reading after an error: {e}"));
+                rep.warnings
+                    .push(format!("stopped reading after an error: {e}"));
                 b.last = true;
                 break;
             }
         }
         if !r.warnings().is_empty() {
             for w in r.take_warnings() {
-                warn(rep, seen, w.to_string());
+                rep.warnings.push(w.to_string());
             }
         }
     }
     for w in r.take_warnings() {
-        warn(rep, seen, w.to_string());
+        rep.warnings.push(w.to_string());
     }
     if b.last {
         r.get_ref().close();

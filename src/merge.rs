@@ -254,13 +254,29 @@ struct Stream {
     bt: Vec<LocationCode>,
 }
 
+/// Warnings about one input, each said once (at most 1,000 kept).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Warnings {
+    pub list: Vec<String>,
+    seen: HashSet<String>,
+}
+
+impl Warnings {
+    pub fn push(&mut self, msg: String) {
+        if self.seen.len() < 1000 && self.seen.insert(msg.clone()) {
+            self.list.push(msg);
+        }
+    }
+}
+
 struct InputState {
     report: InputReport,
     /// Source object id → merged id (DROPPED when thinned away); only live objects.
     live: IntMap<u64, u64>,
     thinner: Option<Thinner>,
     tag: Option<LocationCode>,
-    seen_warnings: HashSet<String>,
+    /// the merging thread's warnings (the decoder keeps its own)
+    warnings: Warnings,
 }
 
 const DROPPED: u64 = u64::MAX;
@@ -268,9 +284,7 @@ const DROPPED: u64 = u64::MAX;
 const PROMOTED: u64 = 1 << 63;
 
 fn warn_input(st: &mut InputState, msg: String) {
-    if st.seen_warnings.len() < 1000 && st.seen_warnings.insert(msg.clone()) {
-        st.report.warnings.push(msg);
-    }
+    st.warnings.push(msg);
 }
 
 fn describe_merge(infos: &[(PathBuf, TraceInfo)]) -> Vec<u8> {
@@ -445,7 +459,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             live: IntMap::default(),
             thinner: None,
             tag: None,
-            seen_warnings: HashSet::new(),
+            warnings: Warnings::default(),
         };
         if p_keep < 1.0 {
             st.thinner = Some(Thinner::new(p_keep, opts.seed, k as u64));
@@ -694,9 +708,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     for (st, d) in states.iter_mut().zip(decoded) {
         st.report.remapped_codes = d.remapped_codes;
         st.report.skipped_packets = d.skipped_packets;
-        let mine = std::mem::take(&mut st.report.warnings);
-        st.report.warnings = d.warnings;
-        st.report.warnings.extend(mine);
+        st.report.warnings = d.warnings.list;
     }
     let (out, wstats, cuts) = writer.finish()?;
     for (k, &n) in cuts.iter().enumerate() {
@@ -730,6 +742,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut by_path: Vec<InputReport> = states
         .into_iter()
         .map(|mut st| {
+            st.report.warnings.append(&mut st.warnings.list);
             st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
             if st.thinner.is_some() {
                 st.report.keep_fraction = if st.report.samples_read == 0 {
