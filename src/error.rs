@@ -72,8 +72,6 @@ pub enum Malformed {
     InconsistentLocation { code: u64 },
     /// A backtrace names a location code never defined by a location event.
     UndefinedLocation { code: u64 },
-    /// A backtrace-cache codeword names a bucket past the cache.
-    BadCacheBucket(u32),
     /// A backtrace frame read from a cache entry that no miss ever filled.
     EmptyCacheEntry,
     /// Bytes left over in the trace-info packet or an event ran past its packet.
@@ -144,7 +142,6 @@ impl fmt::Display for Malformed {
             UndefinedLocation { code } => {
                 write!(f, "location code {code:#x} used but never defined")
             }
-            BadCacheBucket(b) => write!(f, "backtrace cache bucket {b} out of range"),
             EmptyCacheEntry => write!(f, "backtrace frame from a cache entry never filled"),
             EventOverrun => write!(f, "event runs past the end of its packet"),
             Lifecycle { event, id, why } => write!(f, "{event} of object {id}: {why}"),

@@ -187,19 +187,10 @@ impl<R: Read> Reader<R> {
     pub fn take_warnings(&mut self) -> Vec<Warning> {
         std::mem::take(&mut self.warnings)
     }
-    /// Number of domains seen so far.
-    pub fn domain_count(&self) -> usize {
-        self.domains.len()
-    }
 
     /// Where the reader is: the file, the offset of the next unread event, the packet.
     pub fn position(&self) -> Position {
         self.pos_at(self.pkt_pos.max(self.start).min(self.end))
-    }
-
-    /// The version of the current packet (the info packet's before the first).
-    pub fn packet_header(&self) -> &PacketHeader {
-        &self.header
     }
 
     fn pos_at(&self, off_in_buf: usize) -> Position {
@@ -580,12 +571,6 @@ impl<R: Read> Reader<R> {
             }
         };
         Ok(Some((ev, &self.locations, &self.new_codes)))
-    }
-
-    /// Codes defined by location events read so far but not yet handed out with an event
-    /// (those after the last event of the trace).
-    pub fn pending_new_codes(&self) -> &[crate::event::LocationCode] {
-        &self.new_codes
     }
 }
 
