@@ -5,14 +5,13 @@ use crate::decode::{Batch, Ev, Pipeline, StreamSpec};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, Timestamp};
 use crate::info::TraceInfo;
-use crate::input::FilePool;
 use crate::location::{IntMap, Location};
 use crate::pipeline::{Cmd, Codes, WriterThread, BATCH};
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, IdPlan, Writer, WriterOptions};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal};
 use std::path::{Path, PathBuf};
@@ -287,18 +286,38 @@ fn warn_input(st: &mut InputState, msg: String) {
     st.warnings.push(msg);
 }
 
-fn describe_merge(infos: &[(PathBuf, TraceInfo)]) -> Vec<u8> {
-    let mut s = format!("memtrace-merge of {} traces:", infos.len());
-    for (p, i) in infos {
-        let exe = String::from_utf8_lossy(&i.executable_name);
-        let exe = exe.rsplit('/').next().unwrap_or("");
+/// The executable's file name (without its directory).
+fn exe_name(i: &TraceInfo) -> String {
+    let exe = String::from_utf8_lossy(&i.executable_name);
+    exe.rsplit('/').next().unwrap_or("").to_string()
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A readable input: its place among the inputs given, its trace info, its domains.
+struct Opened {
+    index: usize,
+    path: PathBuf,
+    info: TraceInfo,
+    domains: Vec<u16>,
+}
+
+/// The context of a merge of several inputs: which traces, pids and executables.
+fn describe_merge(opened: &[Opened]) -> Vec<u8> {
+    let mut s = format!("memtrace-merge of {} traces:", opened.len());
+    for Opened {
+        path: p, info: i, ..
+    } in opened
+    {
         s.push_str(&format!(
             " {} (pid {}, {}, rate {}{});",
-            p.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            file_name(p),
             i.pid,
-            exe,
+            exe_name(i),
             i.sample_rate,
             match &i.context {
                 Some(c) => format!(", \"{}\"", String::from_utf8_lossy(c)),
@@ -340,15 +359,12 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             )));
         }
     }
-    let pool = FilePool::from_rlimit();
-    // Open every input: read its info packet and find its domains.
-    let mut opened: Vec<(PathBuf, TraceInfo, Vec<u16>)> = Vec::new();
-    let mut reports = Vec::new();
-    let mut early_warnings = 0u64;
-    for p in &paths {
-        let res = (|| -> Result<(TraceInfo, Vec<u16>)> {
-            let f = pool.open(p).map_err(|e| Error::io(p, "open", e))?;
-            let r = Reader::new(f, &p.display().to_string())?;
+    // Read every input's info packet and find its domains. Each entry keeps the index of
+    // its path, so that reports come out in the order the inputs were given.
+    let mut opened: Vec<Opened> = Vec::new();
+    let mut skipped: Vec<(usize, InputReport)> = Vec::new();
+    for (k, p) in paths.iter().enumerate() {
+        let res = Reader::open(p).and_then(|r| {
             let info = r.info().clone();
             let domains = if info.version >= 3 {
                 scan_domains(p)?
@@ -356,41 +372,52 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 vec![0]
             };
             Ok((info, domains))
-        })();
+        });
         match res {
-            Ok((info, d)) => opened.push((p.clone(), info, d)),
-            Err(e) if opts.skip_bad_inputs => {
-                early_warnings += 1;
-                reports.push(InputReport {
+            Ok((info, domains)) => opened.push(Opened {
+                index: k,
+                path: p.clone(),
+                info,
+                domains,
+            }),
+            Err(e) if opts.skip_bad_inputs => skipped.push((
+                k,
+                InputReport {
                     path: p.clone(),
                     skipped: true,
                     keep_fraction: 0.0,
                     warnings: vec![format!("skipped unreadable input: {e}")],
                     ..Default::default()
-                });
-            }
+                },
+            )),
             Err(e) => return Err(e),
         }
     }
     if opened.is_empty() {
         return Err(Error::Usage("no readable input traces".into()));
     }
-    let word = opened[0].1.word_size;
-    if let Some((p, i, _)) = opened.iter().find(|(_, i, _)| i.word_size != word) {
+    let word = opened[0].info.word_size;
+    if let Some(Opened {
+        path: p, info: i, ..
+    }) = opened.iter().find(|o| o.info.word_size != word)
+    {
         return Err(Error::Incompatible(format!(
             "{}: word size {} differs from {}'s {}",
             p.display(),
             i.word_size,
-            opened[0].0.display(),
+            opened[0].path.display(),
             word
         )));
     }
     let min_rate = opened
         .iter()
-        .map(|(_, i, _)| i.sample_rate)
+        .map(|o| o.info.sample_rate)
         .fold(f64::INFINITY, f64::min);
     if opts.rate_mismatch == RateMismatch::Fail {
-        if let Some((p, i, _)) = opened.iter().find(|(_, i, _)| i.sample_rate != min_rate) {
+        if let Some(Opened {
+            path: p, info: i, ..
+        }) = opened.iter().find(|o| o.info.sample_rate != min_rate)
+        {
             return Err(Error::Incompatible(format!(
                 "sampling rates differ: {} has {}, the slowest input has {} (use rate-mismatch thin)",
                 p.display(),
@@ -401,18 +428,18 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     }
     let single = opened.len() == 1;
     let format = opts.format.unwrap_or_else(|| {
-        if opened.iter().all(|(_, i, _)| i.version <= 2) {
+        if opened.iter().all(|o| o.info.version <= 2) {
             2
         } else {
             3
         }
     });
-    let first = &opened[0].1;
+    let first = &opened[0].info;
     let mut info = first.clone();
     info.start_time = Timestamp(
         opened
             .iter()
-            .map(|(_, i, _)| i.start_time.0)
+            .map(|o| o.info.start_time.0)
             .min()
             .unwrap_or(0),
     );
@@ -422,13 +449,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     info.context = match &opts.context {
         Some(c) => Some(c.iter().copied().filter(|&b| b != 0).collect()),
         None if single => first.context.clone(),
-        None => {
-            let v: Vec<(PathBuf, TraceInfo)> = opened
-                .iter()
-                .map(|(p, i, _)| (p.clone(), i.clone()))
-                .collect();
-            Some(describe_merge(&v))
-        }
+        None => Some(describe_merge(&opened)),
     };
     if format < 3 || !single {
         info.initial_domain = DomainId(0);
@@ -441,7 +462,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut specs = Vec::new();
     let mut out_domains: Vec<DomainId> = Vec::new();
     let mut next_domain = 0u16;
-    for (k, (p, i, domains)) in opened.iter().enumerate() {
+    for (k, o) in opened.iter().enumerate() {
+        let (p, i) = (&o.path, &o.info);
         let p_keep = if i.sample_rate > min_rate {
             min_rate / i.sample_rate
         } else {
@@ -472,22 +494,16 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             );
         }
         if opts.tag_processes {
-            let exe = String::from_utf8_lossy(&i.executable_name);
-            let exe = exe.rsplit('/').next().unwrap_or("").to_string();
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
             let loc = Location {
-                filename: Arc::from(name.as_bytes()),
+                filename: Arc::from(file_name(p).as_bytes()),
                 line: 1,
                 start_char: 0,
                 end_char: 0,
-                defname: Arc::from(format!("pid {} {}", i.pid, exe).as_bytes()),
+                defname: Arc::from(format!("pid {} {}", i.pid, exe_name(i)).as_bytes()),
             };
             st.tag = Some(codes.fresh(Arc::from(vec![loc])));
         }
-        for &d in domains {
+        for &d in &o.domains {
             let out_domain = if format < 3 {
                 DomainId(0)
             } else if single {
@@ -543,7 +559,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
 
     let total_bytes: u64 = opened
         .iter()
-        .map(|(p, _, d)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) * d.len() as u64)
+        .map(|o| std::fs::metadata(&o.path).map(|m| m.len()).unwrap_or(0) * o.domains.len() as u64)
         .sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -739,9 +755,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         ..Default::default()
     };
     // Reports in the order of the inputs as given (skipped ones included).
-    let mut by_path: Vec<InputReport> = states
+    let mut by_index: Vec<(usize, InputReport)> = states
         .into_iter()
-        .map(|mut st| {
+        .zip(&opened)
+        .map(|(mut st, o)| {
             st.report.warnings.append(&mut st.warnings.list);
             st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
             if st.thinner.is_some() {
@@ -760,19 +777,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 );
                 st.report.warnings.push(msg);
             }
-            st.report
+            (o.index, st.report)
         })
         .collect();
-    by_path.extend(reports);
-    let order: HashMap<&PathBuf, usize> = paths.iter().enumerate().map(|(i, p)| (p, i)).collect();
-    by_path.sort_by_key(|r| order.get(&r.path).copied().unwrap_or(usize::MAX));
+    by_index.extend(skipped);
+    by_index.sort_by_key(|(k, _)| *k);
+    let by_path: Vec<InputReport> = by_index.into_iter().map(|(_, r)| r).collect();
     report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
-    report.warnings = early_warnings
-        + by_path
-            .iter()
-            .filter(|r| !r.skipped)
-            .map(|r| r.warnings.len() as u64)
-            .sum::<u64>();
+    report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum();
     report.inputs = by_path;
     Ok(report)
 }
