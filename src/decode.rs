@@ -85,18 +85,18 @@ struct Shared {
 const DEPTH: usize = 2;
 
 /// The consumer's end: batches per stream, in order.
-pub(crate) struct Pipeline {
+pub(crate) struct Decoder {
     shared: Arc<Shared>,
     handle: Option<std::thread::JoinHandle<Vec<DecodeReport>>>,
 }
 
-impl Pipeline {
+impl Decoder {
     /// Start decoding `streams` (of `ninputs` inputs) on a worker thread.
     pub fn start(
         streams: Vec<StreamSpec>,
         ninputs: usize,
         mut codes: Codes,
-    ) -> std::io::Result<Pipeline> {
+    ) -> std::io::Result<Decoder> {
         let shared = Arc::new(Shared {
             queues: (0..streams.len())
                 .map(|_| Queue {
@@ -114,7 +114,7 @@ impl Pipeline {
         let handle = std::thread::Builder::new()
             .name("memtrace-merge-decode".into())
             .spawn(move || decode_all(&sh, streams, ninputs, &mut codes))?;
-        Ok(Pipeline {
+        Ok(Decoder {
             shared,
             handle: Some(handle),
         })
@@ -186,7 +186,7 @@ impl Pipeline {
     }
 }
 
-impl Drop for Pipeline {
+impl Drop for Decoder {
     fn drop(&mut self) {
         if let Some(h) = self.handle.take() {
             self.stop();

@@ -1,7 +1,7 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
-use crate::decode::{Batch, Ev, Pipeline, StreamSpec};
+use crate::decode::{Batch, Decoder, Ev, StreamSpec};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, Timestamp};
 use crate::info::TraceInfo;
@@ -566,7 +566,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut last_progress = started;
     let meanings = codes.meanings.clone();
     let writer = WriterThread::start(w, meanings)?;
-    let pipe = Pipeline::start(specs, opened.len(), codes)
+    let pipe = Decoder::start(specs, opened.len(), codes)
         .map_err(|e| Error::Usage(format!("cannot start the decoding thread: {e}")))?;
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {

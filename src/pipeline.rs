@@ -1,5 +1,5 @@
-//! The merge's two halves on two threads: the caller's thread reads, orders and renumbers
-//! events; a writer thread encodes them. Commands travel in batches; codes are shared.
+//! The merge's writing thread: the merging thread sends it batches of commands (allocations
+//! with their new frames, promotes, collects) to encode; and the merged location codes.
 
 use crate::error::{Error, Result};
 use crate::event::{AllocSource, DomainId, LocationCode, ObjId, Timestamp};
