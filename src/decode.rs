@@ -1,11 +1,10 @@
-//! Decoding the merge's inputs ahead of it on a worker thread: each stream (an input, or one
-//! domain of a format-3 input) is read into batches of events whose frames are merged codes.
+//! Decoding the merge's inputs ahead of it on worker threads: each stream (an input, or one
+//! domain of a format-3 input) is read into batches of events and the locations they define.
 
 use crate::event::{AllocSource, Event, LocationCode};
 use crate::input::FilePool;
-use crate::location::{IntMap, LocationTable};
+use crate::location::LocationList;
 use crate::merge::Warnings;
-use crate::pipeline::Codes;
 use crate::reader::Reader;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -33,21 +32,25 @@ pub(crate) enum Ev {
     },
 }
 
-/// Events of one stream, in its order.
+/// Events of one stream, in its order, with the stream's own location codes.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pub times: Vec<u64>,
+    /// Each event's place in the merged order, [`order_key`].
+    pub keys: Vec<u128>,
     pub evs: Vec<Ev>,
     pub frames: Vec<LocationCode>,
+    /// Codes defined by location events, each with the index of the event it precedes.
+    pub locs: Vec<(u32, LocationCode, LocationList)>,
     /// The stream has no events after this batch.
     pub last: bool,
 }
 
 impl Batch {
     fn clear(&mut self) {
-        self.times.clear();
+        self.keys.clear();
         self.evs.clear();
         self.frames.clear();
+        self.locs.clear();
         self.last = false;
     }
 }
@@ -57,13 +60,14 @@ pub(crate) struct StreamSpec {
     pub input: usize,
     pub path: PathBuf,
     pub domain: Option<u16>,
+    /// The file's size: streams are shared out among the threads by it.
+    pub size: u64,
 }
 
 /// What the decoder learned about each input.
 #[derive(Default, Clone)]
 pub(crate) struct DecodeReport {
     pub warnings: Warnings,
-    pub remapped_codes: u64,
     pub skipped_packets: u64,
 }
 
@@ -72,10 +76,18 @@ struct Queue {
     cv: Condvar,
 }
 
+/// A worker's doorbell: rung when one of its queues has room again.
+#[derive(Default)]
+struct Wake {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
 struct Shared {
     queues: Vec<Queue>,
-    wake: Mutex<bool>,
-    wake_cv: Condvar,
+    /// The worker decoding each stream.
+    owner: Vec<usize>,
+    wakes: Vec<Wake>,
     abort: AtomicBool,
     free: Mutex<Vec<Batch>>,
     bytes_read: AtomicU64,
@@ -84,19 +96,39 @@ struct Shared {
 /// Batches queued per stream ahead of the consumer.
 const DEPTH: usize = 2;
 
+/// A decoding thread; it hands back its reports, per input index.
+type Worker = std::thread::JoinHandle<Vec<(usize, DecodeReport)>>;
+
 /// The consumer's end: batches per stream, in order.
 pub(crate) struct Decoder {
     shared: Arc<Shared>,
-    handle: Option<std::thread::JoinHandle<Vec<DecodeReport>>>,
+    handles: Vec<Option<Worker>>,
+    ninputs: usize,
+}
+
+/// Share `specs` out among `n` workers, biggest files first to the least loaded.
+fn share_out(specs: &[StreamSpec], n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(specs[i].size));
+    let mut load = vec![0u64; n];
+    let mut owner = vec![0; specs.len()];
+    for i in order {
+        let w = (0..n).min_by_key(|&w| (load[w], w)).unwrap_or(0);
+        load[w] += specs[i].size.max(1);
+        owner[i] = w;
+    }
+    owner
 }
 
 impl Decoder {
-    /// Start decoding `streams` (of `ninputs` inputs) on a worker thread.
+    /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads.
     pub fn start(
         streams: Vec<StreamSpec>,
         ninputs: usize,
-        mut codes: Codes,
+        threads: usize,
     ) -> std::io::Result<Decoder> {
+        let n = threads.clamp(1, streams.len().max(1));
+        let owner = share_out(&streams, n);
         let shared = Arc::new(Shared {
             queues: (0..streams.len())
                 .map(|_| Queue {
@@ -104,40 +136,50 @@ impl Decoder {
                     cv: Condvar::new(),
                 })
                 .collect(),
-            wake: Mutex::new(false),
-            wake_cv: Condvar::new(),
+            owner: owner.clone(),
+            wakes: (0..n).map(|_| Wake::default()).collect(),
             abort: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
             bytes_read: AtomicU64::new(0),
         });
-        let sh = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name("memtrace-merge-decode".into())
-            .spawn(move || decode_all(&sh, streams, ninputs, &mut codes))?;
-        Ok(Decoder {
+        let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            mine[owner[i]].push((i, s));
+        }
+        let mut d = Decoder {
             shared,
-            handle: Some(handle),
-        })
+            handles: Vec::new(),
+            ninputs,
+        };
+        for (w, streams) in mine.into_iter().enumerate() {
+            let sh = d.shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("memtrace-merge-decode-{w}"))
+                .spawn(move || decode_all(&sh, w, n, streams))?;
+            d.handles.push(Some(h));
+        }
+        Ok(d)
     }
 
     /// The next batch of stream `i` (waiting for the decoder if need be).
     pub fn next_batch(&self, i: usize) -> Batch {
         let q = &self.shared.queues[i];
+        let w = self.shared.owner[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(b) = g.pop_front() {
                 drop(g);
-                self.poke();
+                self.poke(w);
                 return b;
             }
-            if self.decoder_gone() {
-                // The decoder died (it panicked): end the stream; `finish` reports it.
+            if self.handles[w].as_ref().is_none_or(|h| h.is_finished()) {
+                // The worker died (it panicked): end the stream; `finish` reports it.
                 return Batch {
                     last: true,
                     ..Default::default()
                 };
             }
-            self.poke();
+            self.poke(w);
             g =
                 q.cv.wait_timeout(g, Duration::from_millis(50))
                     .unwrap_or_else(|e| e.into_inner())
@@ -145,14 +187,11 @@ impl Decoder {
         }
     }
 
-    fn decoder_gone(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
-    }
-
-    fn poke(&self) {
-        let mut w = self.shared.wake.lock().unwrap_or_else(|e| e.into_inner());
-        *w = true;
-        self.shared.wake_cv.notify_one();
+    fn poke(&self, w: usize) {
+        let wake = &self.shared.wakes[w];
+        let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
+        *f = true;
+        wake.cv.notify_one();
     }
 
     /// Give an exhausted batch back for reuse.
@@ -168,34 +207,64 @@ impl Decoder {
         self.shared.bytes_read.load(Ordering::Relaxed)
     }
 
-    /// Wait for the decoder and take its reports (Err: it panicked, with the message).
+    /// Wait for the workers and take their reports, per input (Err: one panicked, with
+    /// the message).
     pub fn finish(mut self) -> Result<Vec<DecodeReport>, String> {
         self.stop();
-        let h = self.handle.take().expect("finish once");
-        h.join().map_err(|p| {
-            p.downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into())
-        })
+        let mut reports = vec![DecodeReport::default(); self.ninputs];
+        let mut failed = None;
+        for h in self.handles.iter_mut() {
+            let Some(h) = h.take() else { continue };
+            match h.join() {
+                Ok(parts) => {
+                    for (k, r) in parts {
+                        let into = &mut reports[k];
+                        into.skipped_packets += r.skipped_packets;
+                        for w in r.warnings.list {
+                            into.warnings.push(w);
+                        }
+                    }
+                }
+                Err(p) => {
+                    failed.get_or_insert(
+                        p.downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into()),
+                    );
+                }
+            }
+        }
+        match failed {
+            Some(m) => Err(m),
+            None => Ok(reports),
+        }
     }
 
     fn stop(&self) {
         self.shared.abort.store(true, Ordering::Relaxed);
-        self.poke();
+        for w in 0..self.shared.wakes.len() {
+            self.poke(w);
+        }
     }
 }
 
 impl Drop for Decoder {
     fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            self.stop();
-            let _ = h.join();
+        self.stop();
+        for h in self.handles.iter_mut() {
+            if let Some(h) = h.take() {
+                let _ = h.join();
+            }
         }
     }
 }
 
 struct DecState {
+    /// the stream's index among all streams
+    index: usize,
+    /// the key bits of this stream's events below the time and rank, see [`order_key`]
+    key_bits: u128,
     reader: Option<Reader<crate::input::LazyFile>>,
     input: usize,
     bt_valid: bool,
@@ -204,77 +273,65 @@ struct DecState {
     counted: u64,
 }
 
-fn claim(
-    codes: &mut Codes,
-    map: &mut IntMap<LocationCode, LocationCode>,
-    rep: &mut DecodeReport,
-    new: &[LocationCode],
-    table: &LocationTable,
-) {
-    for c in new {
-        if let Some(locs) = table.get(c) {
-            let (m, remapped) = codes.map(*c, locs);
-            if remapped {
-                rep.remapped_codes += 1;
-                map.insert(*c, m);
-            }
-        }
-    }
-}
-
+/// Worker `me` (of `nworkers`): decode `specs` ahead of the consumer, each stream at most
+/// [`DEPTH`] batches ahead, until all end or the consumer stops. Reports per input.
 fn decode_all(
     sh: &Shared,
-    specs: Vec<StreamSpec>,
-    ninputs: usize,
-    codes: &mut Codes,
-) -> Vec<DecodeReport> {
-    let mut reports = vec![DecodeReport::default(); ninputs];
-    let mut maps: Vec<IntMap<LocationCode, LocationCode>> = vec![IntMap::default(); ninputs];
-    let pool = FilePool::from_rlimit();
-    let batch_events = (131_072 / specs.len().max(1)).clamp(64, 4096);
-    let mut st: Vec<DecState> = specs
-        .iter()
-        .map(|s| {
-            let reader = pool
-                .open(&s.path)
-                .map_err(|e| crate::error::Error::io(&s.path, "open", e))
-                .and_then(|f| Reader::new(f, &s.path.display().to_string()));
-            let reader = match reader {
-                Ok(mut r) => {
-                    r.set_domain_filter(s.domain);
-                    Some(r)
-                }
-                Err(e) => {
-                    let msg = format!("could not be read again: {e}");
-                    reports[s.input].warnings.push(msg);
-                    None
-                }
-            };
-            DecState {
-                reader,
-                input: s.input,
-                bt_valid: false,
-                done: false,
-                counted: 0,
+    me: usize,
+    nworkers: usize,
+    specs: Vec<(usize, StreamSpec)>,
+) -> Vec<(usize, DecodeReport)> {
+    let mut reports: Vec<(usize, DecodeReport)> = Vec::new();
+    let pool = FilePool::from_rlimit_share(nworkers);
+    let batch_events = (131_072 / sh.queues.len().max(1)).clamp(64, 4096);
+    let mut st: Vec<DecState> = Vec::with_capacity(specs.len());
+    for (index, s) in specs {
+        let slot = match reports.iter().position(|(k, _)| *k == s.input) {
+            Some(p) => p,
+            None => {
+                reports.push((s.input, DecodeReport::default()));
+                reports.len() - 1
             }
-        })
-        .collect();
+        };
+        let reader = pool
+            .open(&s.path)
+            .map_err(|e| crate::error::Error::io(&s.path, "open", e))
+            .and_then(|f| Reader::new(f, &s.path.display().to_string()));
+        let reader = match reader {
+            Ok(mut r) => {
+                r.set_domain_filter(s.domain);
+                Some(r)
+            }
+            Err(e) => {
+                let msg = format!("could not be read again: {e}");
+                reports[slot].1.warnings.push(msg);
+                None
+            }
+        };
+        st.push(DecState {
+            index,
+            key_bits: order_key(0, s.input, 0, index),
+            reader,
+            input: slot,
+            bt_valid: false,
+            done: false,
+            counted: 0,
+        });
+    }
+    let wake = &sh.wakes[me];
     loop {
         if sh.abort.load(Ordering::Relaxed) {
             break;
         }
         let mut worked = false;
         let mut all_done = true;
-        for (i, s) in st.iter_mut().enumerate() {
+        for s in st.iter_mut() {
             if s.done {
                 continue;
             }
             all_done = false;
-            let queued = sh.queues[i]
-                .q
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .len();
+            let q = &sh.queues[s.index];
+            let queued = q.q.lock().unwrap_or_else(|e| e.into_inner()).len();
             if queued >= DEPTH {
                 continue;
             }
@@ -285,15 +342,8 @@ fn decode_all(
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()
                 .unwrap_or_default();
-            let k = s.input;
-            fill(
-                s,
-                &mut b,
-                batch_events,
-                codes,
-                &mut maps[k],
-                &mut reports[k],
-            );
+            let rep = &mut reports[s.input].1;
+            fill(s, &mut b, batch_events, rep);
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
                 sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -302,10 +352,9 @@ fn decode_all(
             if b.last {
                 s.done = true;
                 if let Some(r) = s.reader.take() {
-                    reports[k].skipped_packets += r.stats().skipped_packets;
+                    rep.skipped_packets += r.stats().skipped_packets;
                 }
             }
-            let q = &sh.queues[i];
             q.q.lock().unwrap_or_else(|e| e.into_inner()).push_back(b);
             q.cv.notify_one();
         }
@@ -313,29 +362,31 @@ fn decode_all(
             break;
         }
         if !worked {
-            let mut w = sh.wake.lock().unwrap_or_else(|e| e.into_inner());
-            if !*w {
-                w = sh
-                    .wake_cv
-                    .wait_timeout(w, Duration::from_millis(50))
+            let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
+            if !*f {
+                f = wake
+                    .cv
+                    .wait_timeout(f, Duration::from_millis(50))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            *w = false;
+            *f = false;
         }
     }
     reports
 }
 
+/// Where an event goes in the merged order, as one number: by time, then by input (in the
+/// order given), then allocations before promotions before collections (so that an object
+/// collected by another domain of its input in the same microsecond still comes after its
+/// allocation), then by stream. The low 32 bits are the stream's index.
+/// A stream's own events are never reordered: only its next one competes.
+pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u128 {
+    ((time as u128) << 64) | ((input as u128) << 34) | ((rank as u128) << 32) | stream as u128
+}
+
 /// Decode up to `n` events of a stream into `b`.
-fn fill(
-    s: &mut DecState,
-    b: &mut Batch,
-    n: usize,
-    codes: &mut Codes,
-    map: &mut IntMap<LocationCode, LocationCode>,
-    rep: &mut DecodeReport,
-) {
+fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
         return;
@@ -343,10 +394,17 @@ fn fill(
     while b.evs.len() < n {
         match r.next_full() {
             Ok(Some((ev, table, new))) => {
-                if !new.is_empty() {
-                    claim(codes, map, rep, new, table);
+                for c in new {
+                    if let Some(locs) = table.get(c) {
+                        b.locs.push((b.evs.len() as u32, *c, locs.clone()));
+                    }
                 }
-                b.times.push(ev.time().0);
+                let rank = match ev {
+                    Event::Alloc(_) => 0,
+                    Event::Promote { .. } => 1,
+                    Event::Collect { .. } => 2,
+                };
+                b.keys.push(order_key(ev.time().0, 0, rank, 0) | s.key_bits);
                 match ev {
                     Event::Alloc(a) => {
                         let keep = if s.bt_valid {
@@ -355,12 +413,7 @@ fn fill(
                             0
                         };
                         let fresh = &a.backtrace[keep..];
-                        if map.is_empty() {
-                            b.frames.extend_from_slice(fresh);
-                        } else {
-                            b.frames
-                                .extend(fresh.iter().map(|c| map.get(c).copied().unwrap_or(*c)));
-                        }
+                        b.frames.extend_from_slice(fresh);
                         s.bt_valid = true;
                         b.evs.push(Ev::Alloc {
                             id: a.id.0,

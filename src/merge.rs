@@ -1,15 +1,16 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
+use crate::codes::Codes;
 use crate::decode::{Batch, Decoder, Ev, StreamSpec};
 use crate::error::{Error, Result};
-use crate::event::{DomainId, LocationCode, Timestamp};
+use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
+use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
-use crate::pipeline::{Cmd, Codes, WriterThread, BATCH};
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
-use crate::writer::{common_prefix, IdPlan, Writer, WriterOptions};
+use crate::writer::{Writer, WriterOptions};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::fs::File;
@@ -225,30 +226,16 @@ impl Drop for TempOutput {
     }
 }
 
-/// Where an event goes in the merged order: by time, then by input (in the order given),
-/// then allocations before promotions before collections (so that an object collected by
-/// another domain of its input in the same microsecond still comes after its allocation),
-/// then by stream. A stream's own events are never reordered: only its next one competes.
-#[inline]
-fn order_key(s: &Stream, pos: usize, i: usize) -> (u64, u64, usize) {
-    let rank = match s.batch.evs[pos] {
-        Ev::Alloc { .. } => 0,
-        Ev::Promote { .. } => 1,
-        Ev::Collect { .. } => 2,
-    };
-    (s.batch.times[pos], ((s.input as u64) << 2) | rank, i)
-}
-
 /// One stream being merged (an input, or one domain of a format-3 input), as decoded
 /// ahead in batches: the current batch and its last allocation's backtrace.
 struct Stream {
     input: usize,
     out_domain: DomainId,
-    /// index of `out_domain` in the per-domain tables
-    out_slot: usize,
     batch: Batch,
     pos: usize,
     frame_pos: usize,
+    /// the batch's next location definition to take in
+    loc_pos: usize,
     /// The current allocation's backtrace in merged codes (tag frame first if any).
     bt: Vec<LocationCode>,
 }
@@ -271,14 +258,16 @@ impl Warnings {
 struct InputState {
     report: InputReport,
     /// Source object id → merged id (DROPPED when thinned away); only live objects.
-    live: IntMap<u64, u64>,
+    live: LiveObjects,
+    /// The input's codes that mean something else in the merged trace, with their new codes.
+    remap: IntMap<LocationCode, LocationCode>,
     thinner: Option<Thinner>,
     tag: Option<LocationCode>,
     /// the merging thread's warnings (the decoder keeps its own)
     warnings: Warnings,
 }
 
-const DROPPED: u64 = u64::MAX;
+const DROPPED: u64 = u64::MAX - 1;
 /// Set in a live entry's merged id once the object was promoted (a second promote is left out).
 const PROMOTED: u64 = 1 << 63;
 
@@ -460,7 +449,6 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut states = Vec::new();
     let mut streams = Vec::new();
     let mut specs = Vec::new();
-    let mut out_domains: Vec<DomainId> = Vec::new();
     let mut next_domain = 0u16;
     for (k, o) in opened.iter().enumerate() {
         let (p, i) = (&o.path, &o.info);
@@ -478,7 +466,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 keep_fraction: 1.0,
                 ..Default::default()
             },
-            live: IntMap::default(),
+            live: LiveObjects::default(),
+            remap: IntMap::default(),
             thinner: None,
             tag: None,
             warnings: Warnings::default(),
@@ -514,25 +503,19 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
-            let out_slot = match out_domains.iter().position(|&x| x == out_domain) {
-                Some(i) => i,
-                None => {
-                    out_domains.push(out_domain);
-                    out_domains.len() - 1
-                }
-            };
             specs.push(StreamSpec {
                 input: k,
                 path: p.clone(),
                 domain: if i.version >= 3 { Some(d) } else { None },
+                size: std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
             });
             streams.push(Stream {
                 input: k,
                 out_domain,
-                out_slot,
                 batch: Batch::default(),
                 pos: 0,
                 frame_pos: 0,
+                loc_pos: 0,
                 bt: st.tag.into_iter().collect(),
             });
         }
@@ -553,36 +536,40 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     if !single {
         w.set_flush_on_domain_switch(false);
     }
-    let mut ids = IdPlan::new(format, info.initial_domain);
-    // The previous written allocation's backtrace, per output domain.
-    let mut last_bt: Vec<Vec<LocationCode>> = vec![Vec::new(); out_domains.len()];
 
-    let total_bytes: u64 = opened
-        .iter()
-        .map(|o| std::fs::metadata(&o.path).map(|m| m.len()).unwrap_or(0) * o.domains.len() as u64)
-        .sum();
+    let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_progress = started;
-    let meanings = codes.meanings.clone();
-    let writer = WriterThread::start(w, meanings)?;
-    let pipe = Decoder::start(specs, opened.len(), codes)
-        .map_err(|e| Error::Usage(format!("cannot start the decoding thread: {e}")))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let pipe = Decoder::start(specs, opened.len(), threads)
+        .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
         if s.pos < s.batch.evs.len() {
-            heap.push(Reverse(order_key(s, 0, i)));
+            heap.push(Reverse(s.batch.keys[0]));
         }
     }
-    let mut batch = writer.batch();
     let mut nevents = 0u64;
-    let mut writer_failed = false;
     while let Some(mut top) = heap.peek_mut() {
-        let Reverse((time, _, i)) = *top;
+        let Reverse(key) = *top;
+        let (time, i) = ((key >> 64) as u64, key as u32 as usize);
         let s = &mut streams[i];
         let st = &mut states[s.input];
         let dom = s.out_domain;
+        // Take in the codes the stream defined before this event.
+        while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
+            if *at as usize > s.pos {
+                break;
+            }
+            let (m, remapped) = codes.map(*code, locs);
+            if remapped {
+                st.report.remapped_codes += 1;
+                st.remap.insert(*code, m);
+            }
+            s.loc_pos += 1;
+        }
         match s.batch.evs[s.pos] {
             Ev::Alloc {
                 id,
@@ -595,7 +582,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 let tag = st.tag.is_some() as usize;
                 s.bt.truncate(tag + keep as usize);
                 let f = s.frame_pos;
-                s.bt.extend_from_slice(&s.batch.frames[f..f + new as usize]);
+                let fresh = &s.batch.frames[f..f + new as usize];
+                if st.remap.is_empty() {
+                    s.bt.extend_from_slice(fresh);
+                } else {
+                    let remap = &st.remap;
+                    s.bt.extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
+                }
                 s.frame_pos += new as usize;
                 st.report.allocs += 1;
                 st.report.samples_read += nsamples;
@@ -606,25 +599,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 if n == 0 {
                     st.live.insert(id, DROPPED);
                 } else {
-                    ids.event(dom);
-                    let out_id = ids.alloc(dom);
-                    let last = &mut last_bt[s.out_slot];
-                    let common = common_prefix(last, &s.bt);
-                    let fresh = &s.bt[common..];
-                    last.truncate(common);
-                    last.extend_from_slice(fresh);
-                    batch.frames.extend_from_slice(fresh);
-                    batch.cmds.push(Cmd::Alloc {
-                        time,
-                        domain: dom.0,
-                        length,
-                        nsamples: n,
-                        source,
-                        common: common as u32,
-                        new: fresh.len() as u32,
-                        id: out_id.0,
-                        input: s.input as u32,
-                    });
+                    let cut_before = w.stats().cut_backtraces;
+                    let out_id =
+                        w.put_alloc(Timestamp(time), dom, length, n, source, &s.bt, |c| {
+                            codes.meanings.get(&c).cloned()
+                        })?;
+                    if w.stats().cut_backtraces != cut_before {
+                        st.report.cut_backtraces += 1;
+                    }
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += n;
@@ -632,7 +614,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             }
             Ev::Promote { id } => {
                 st.report.promotes += 1;
-                match st.live.get_mut(&id) {
+                match st.live.get_mut(id) {
                     Some(&mut DROPPED) => {}
                     Some(o) if *o & PROMOTED != 0 => {
                         let msg = format!("second promote of object {id}; left out");
@@ -641,12 +623,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     Some(o) => {
                         let out = *o;
                         *o |= PROMOTED;
-                        ids.event(dom);
-                        batch.cmds.push(Cmd::Promote {
-                            time,
-                            domain: dom.0,
-                            id: out,
-                        });
+                        w.put_promote(Timestamp(time), dom, ObjId(out))?;
                     }
                     None => warn_input(
                         st,
@@ -656,16 +633,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             }
             Ev::Collect { id } => {
                 st.report.collects += 1;
-                match st.live.remove(&id) {
+                match st.live.remove(id) {
                     Some(DROPPED) => {}
-                    Some(o) => {
-                        ids.event(dom);
-                        batch.cmds.push(Cmd::Collect {
-                            time,
-                            domain: dom.0,
-                            id: o & !PROMOTED,
-                        });
-                    }
+                    Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
                     None => warn_input(
                         st,
                         format!("collect of object {id} that is not live; left out"),
@@ -679,19 +649,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             pipe.recycle(std::mem::replace(&mut s.batch, next));
             s.pos = 0;
             s.frame_pos = 0;
+            s.loc_pos = 0;
         }
         if s.pos < s.batch.evs.len() {
             // replace the top in place (one sift-down instead of a pop and a push)
-            *top = Reverse(order_key(s, s.pos, i));
+            *top = Reverse(s.batch.keys[s.pos]);
         } else {
             std::collections::binary_heap::PeekMut::pop(top);
-        }
-        if batch.cmds.len() >= BATCH {
-            let full = std::mem::replace(&mut batch, writer.batch());
-            if !writer.send(full) {
-                writer_failed = true;
-                break;
-            }
         }
         nevents += 1;
         if nevents.is_multiple_of(4096) && INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
@@ -715,32 +679,24 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         eprintln!();
     }
-    if !writer_failed && !batch.cmds.is_empty() {
-        writer.send(batch);
-    }
     let decoded = pipe
         .finish()
-        .map_err(|m| Error::Write(format!("internal error: the decoding thread panicked: {m}")))?;
+        .map_err(|m| Error::Write(format!("internal error: a decoding thread panicked: {m}")))?;
     for (st, d) in states.iter_mut().zip(decoded) {
-        st.report.remapped_codes = d.remapped_codes;
         st.report.skipped_packets = d.skipped_packets;
         st.report.warnings = d.warnings.list;
-    }
-    let (out, wstats, cuts) = writer.finish()?;
-    for (k, &n) in cuts.iter().enumerate() {
+        let n = st.report.cut_backtraces;
         if n > 0 {
-            if let Some(st) = states.get_mut(k) {
-                st.report.cut_backtraces = n;
-                warn_input(
-                    st,
-                    format!(
-                        "{n} allocation(s) had a backtrace too deep for one packet (over ~3,000 \
-                         new frames): each was kept cut to what fits"
-                    ),
-                );
-            }
+            warn_input(
+                st,
+                format!(
+                    "{n} allocation(s) had a backtrace too deep for one packet (over ~3,000 \
+                     new frames): each was kept cut to what fits"
+                ),
+            );
         }
     }
+    let (out, wstats) = w.finish_with_stats()?;
     let file = out
         .into_inner()
         .map_err(|e| Error::io(output, "write output", e.into_error()))?;

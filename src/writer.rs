@@ -362,26 +362,6 @@ impl<W: Write> Writer<W> {
         self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
     }
 
-    /// Like [`Writer::put_alloc`], for a caller that tracks each domain's previous
-    /// backtrace itself: the backtrace is the previous allocation's (of this domain) first
-    /// `common` frames followed by `new`, and `common` must be the longest such prefix (as
-    /// [`common_prefix`] computes it). A writer is fed through one of the two, not both.
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_alloc_delta(
-        &mut self,
-        time: Timestamp,
-        domain: DomainId,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-        common: usize,
-        new: &[LocationCode],
-        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
-    ) -> Result<ObjId> {
-        let si = self.stream_at(domain, time.0)?;
-        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
-    }
-
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn put_alloc_in(
@@ -588,80 +568,6 @@ pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
     i
 }
 
-/// The ids a writer will give allocations, known ahead: format 2 counts them; format 3
-/// hands each domain chunks of [`IDS_PER_CHUNK`] ids from one counter (the initial domain's
-/// first, at creation; another domain's at its first event; a new one at a domain's first
-/// event after its chunk is used up). Feed it the same events, in the same order, as the
-/// writer: [`IdPlan::event`] before every event, [`IdPlan::alloc`] for allocations.
-#[derive(Clone, Debug)]
-pub struct IdPlan {
-    v3: bool,
-    global: u64,
-    /// (next id, end of chunk) per domain id; None until the domain's first event.
-    domains: Vec<Option<(u64, u64)>>,
-}
-
-impl IdPlan {
-    pub fn new(version: u16, initial_domain: DomainId) -> Self {
-        let mut p = IdPlan {
-            v3: version >= 3,
-            global: 0,
-            domains: Vec::new(),
-        };
-        let d = if p.v3 { initial_domain.0 } else { 0 };
-        p.create(d as usize);
-        p
-    }
-    #[cold]
-    fn create(&mut self, d: usize) {
-        let r = if self.v3 {
-            let n = self.global;
-            self.global += IDS_PER_CHUNK;
-            (n, n + IDS_PER_CHUNK)
-        } else {
-            (0, u64::MAX)
-        };
-        if self.domains.len() <= d {
-            self.domains.resize(d + 1, None);
-        }
-        self.domains[d] = Some(r);
-    }
-    #[inline]
-    fn slot(&self, domain: DomainId) -> usize {
-        if self.v3 {
-            domain.0 as usize
-        } else {
-            0
-        }
-    }
-    /// Before any event of `domain`.
-    #[inline]
-    pub fn event(&mut self, domain: DomainId) {
-        let d = self.slot(domain);
-        if self.domains.get(d).is_none_or(|r| r.is_none()) {
-            self.create(d);
-        }
-        if let Some(Some(r)) = self.domains.get_mut(d) {
-            if r.0 >= r.1 {
-                *r = (self.global, self.global + IDS_PER_CHUNK);
-                self.global += IDS_PER_CHUNK;
-            }
-        }
-    }
-    /// The id of an allocation of `domain` (after [`IdPlan::event`]).
-    #[inline]
-    pub fn alloc(&mut self, domain: DomainId) -> ObjId {
-        let d = self.slot(domain);
-        match self.domains.get_mut(d) {
-            Some(Some(r)) => {
-                r.0 += 1;
-                ObjId(r.0 - 1)
-            }
-            _ => ObjId(u64::MAX),
-        }
-    }
-}
-
 fn dummy_verifier() -> CacheVerifier {
     CacheVerifier {
         index: NO_VERIFIER,
@@ -791,43 +697,5 @@ mod tests {
             "{}",
             got[0].len()
         );
-    }
-
-    #[test]
-    fn id_plan_matches_the_writer_across_domains_and_chunks() {
-        let mut w = Writer::new(
-            Vec::new(),
-            &info(3),
-            WriterOptions {
-                version: 3,
-                lossless: true,
-            },
-        )
-        .unwrap();
-        w.set_flush_on_domain_switch(false);
-        let mut plan = IdPlan::new(3, DomainId(0));
-        let mut t = 1_000_000;
-        for k in 0..25_000u64 {
-            let d = DomainId([0, 2, 1, 2][(k % 4) as usize] * (k > 100) as u16);
-            t += 1;
-            plan.event(d);
-            let want = plan.alloc(d);
-            let got = w
-                .put_alloc(
-                    Timestamp(t),
-                    d,
-                    1,
-                    1,
-                    AllocSource::Minor,
-                    &[LocationCode(5)],
-                    locs,
-                )
-                .unwrap();
-            assert_eq!(got, want, "allocation {k}");
-            if k % 7 == 0 {
-                plan.event(d);
-                w.put_collect(Timestamp(t), d, got).unwrap();
-            }
-        }
     }
 }
