@@ -29,13 +29,19 @@ pub fn buckets(code: LocationCode) -> (usize, usize) {
 /// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
 #[derive(Clone)]
 pub struct CacheReader {
-    /// Empty until the first decode, then CACHE_SIZE entries.
-    loc: Box<[u64]>,
-    pred: Box<[u16]>,
+    /// None until the first decode.
+    tables: Option<ReaderTables>,
     /// The last decoded backtrace, caller-first, is `last[..last_len]` (the rest is room).
     last: Vec<LocationCode>,
     last_len: usize,
     scratch: Vec<LocationCode>,
+}
+
+/// The cache's codes (EMPTY where no miss ever filled them) and predictions.
+#[derive(Clone)]
+struct ReaderTables {
+    loc: Box<[u64; CACHE_SIZE]>,
+    pred: Box<[u16; CACHE_SIZE]>,
 }
 
 impl Default for CacheReader {
@@ -43,8 +49,7 @@ impl Default for CacheReader {
     /// format-3 trace may name thousands of domains that never allocate).
     fn default() -> Self {
         CacheReader {
-            loc: Box::default(),
-            pred: Box::default(),
+            tables: None,
             last: Vec::new(),
             last_len: 0,
             scratch: Vec::new(),
@@ -72,9 +77,11 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        if self.loc.is_empty() {
-            self.loc = vec![EMPTY; CACHE_SIZE].into_boxed_slice();
-            self.pred = vec![0; CACHE_SIZE].into_boxed_slice();
+        if self.tables.is_none() {
+            self.tables = Some(ReaderTables {
+                loc: table_of(EMPTY),
+                pred: table_of(0),
+            });
         }
         if common_prefix <= self.last_len as u64 {
             let mut out = std::mem::take(&mut self.last);
@@ -102,6 +109,9 @@ impl CacheReader {
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         const M: usize = CACHE_SIZE - 1;
+        let Some(t) = self.tables.as_mut() else {
+            unreachable!("tables are made before decoding")
+        };
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
@@ -118,14 +128,14 @@ impl CacheReader {
             let cw = c.u16()?;
             let bucket = (cw >> 2) as usize & M;
             let tag = cw & 3;
-            self.pred[pred & M] = bucket as u16;
+            t.pred[pred & M] = bucket as u16;
             let slots = &mut out[len..len + 256];
             if tag == 3 {
                 let lit = ocaml_int(c.u64()?) as u64;
                 if !defined(LocationCode(lit)) {
                     return Err(Malformed::UndefinedLocation { code: lit });
                 }
-                self.loc[bucket] = lit;
+                t.loc[bucket] = lit;
                 slots[0] = LocationCode(lit);
                 len += 1;
                 pred = bucket;
@@ -136,19 +146,21 @@ impl CacheReader {
                     _ => c.u8()? as usize,
                 };
                 let mut p = bucket;
-                let mut v = self.loc[p];
-                let mut any_empty = v == EMPTY;
-                slots[0] = LocationCode(v);
+                slots[0] = LocationCode(t.loc[p]);
                 for slot in &mut slots[1..=n] {
-                    p = self.pred[p] as usize & M;
-                    v = self.loc[p];
-                    any_empty |= v == EMPTY;
-                    *slot = LocationCode(v);
+                    p = t.pred[p] as usize & M;
+                    *slot = LocationCode(t.loc[p]);
                 }
-                len += n + 1;
-                if any_empty {
+                // An entry no miss filled holds EMPTY (no code has that bit). Predictions
+                // lead only to entries checked when they were set, or to entry 0 (the
+                // initial prediction): only the hit itself and, while entry 0 is empty,
+                // the predicted frames need looking at.
+                if slots[0].0 == EMPTY
+                    || (t.loc[0] == EMPTY && slots[1..=n].iter().any(|v| v.0 == EMPTY))
+                {
                     return Err(Malformed::EmptyCacheEntry);
                 }
+                len += n + 1;
                 pred = p;
             }
         }
@@ -183,13 +195,12 @@ impl CacheReader {
             return true;
         }
         let i = v.index as usize;
-        let loc = if self.loc.get(i) == Some(&EMPTY) {
-            0
-        } else {
-            self.loc.get(i).copied().unwrap_or(0)
-        };
         // (tables not allocated yet: every entry empty, every prediction 0)
-        let pred = self.pred.get(i).copied().unwrap_or(0);
+        let (loc, pred) = match &self.tables {
+            Some(t) if i < CACHE_SIZE => (t.loc[i], t.pred[i]),
+            _ => (EMPTY, 0),
+        };
+        let loc = if loc == EMPTY { 0 } else { loc };
         i < CACHE_SIZE && pred == v.prediction && loc == ocaml_int(v.value) as u64
     }
 }
@@ -217,7 +228,12 @@ pub struct CacheWriter {
 
 /// A zeroed fixed-size table on the heap (no 128 KiB array on the stack).
 fn table<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
-    vec![T::default(); CACHE_SIZE]
+    table_of(T::default())
+}
+
+/// A fixed-size table of `v` on the heap.
+fn table_of<T: Copy>(v: T) -> Box<[T; CACHE_SIZE]> {
+    vec![v; CACHE_SIZE]
         .into_boxed_slice()
         .try_into()
         .unwrap_or_else(|_| unreachable!())
@@ -469,6 +485,32 @@ mod tests {
         let mut r = CacheReader::default();
         let e = r.decode(&mut Cursor::new(&[0x10, 0x00]), 1, 0, |_| true);
         assert_eq!(e, Err(Malformed::EmptyCacheEntry));
+    }
+
+    /// A miss: bucket, tag 3, then the code.
+    fn miss(bucket: u16, code: u64) -> Vec<u8> {
+        let mut v = ((bucket << 2) | 3).to_le_bytes().to_vec();
+        v.extend_from_slice(&code.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn a_prediction_never_set_leads_to_entry_0_and_is_checked_there() {
+        // bucket 5 filled; its prediction was never set, so it predicts entry 0
+        let hit_and_one = [(5u16 << 2 | 1) as u8, 0];
+        let mut r = CacheReader::default();
+        r.decode(&mut Cursor::new(&miss(5, 7)), 1, 0, |_| true)
+            .unwrap();
+        let e = r.decode(&mut Cursor::new(&hit_and_one), 1, 0, |_| true);
+        assert_eq!(e, Err(Malformed::EmptyCacheEntry), "entry 0 is empty");
+        // once entry 0 holds a code, the same prediction gives it
+        let mut r = CacheReader::default();
+        let first = [miss(0, 9), miss(5, 7)].concat();
+        r.decode(&mut Cursor::new(&first), 2, 0, |_| true).unwrap();
+        assert_eq!(r.backtrace(), &codes(&[9, 7])[..]);
+        r.decode(&mut Cursor::new(&hit_and_one), 1, 0, |_| true)
+            .unwrap();
+        assert_eq!(r.backtrace(), &codes(&[7, 9])[..]);
     }
 
     #[test]

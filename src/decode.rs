@@ -1,11 +1,11 @@
 //! Decoding the merge's inputs ahead of it on worker threads: each stream (an input, or one
 //! domain of a format-3 input) is read into batches of events and the locations they define.
 
-use crate::event::{AllocSource, Event, LocationCode};
+use crate::event::{AllocSource, LocationCode};
 use crate::input::FilePool;
 use crate::location::LocationList;
 use crate::merge::Warnings;
-use crate::reader::Reader;
+use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -385,64 +385,82 @@ pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u12
     ((time as u128) << 64) | ((input as u128) << 34) | ((rank as u128) << 32) | stream as u128
 }
 
+/// A batch being filled by the reader, with the stream's state.
+struct Filler<'a> {
+    b: &'a mut Batch,
+    key_bits: u128,
+    bt_valid: &'a mut bool,
+}
+
+impl EventSink for Filler<'_> {
+    #[inline]
+    fn location(&mut self, code: LocationCode, locs: &LocationList) {
+        self.b
+            .locs
+            .push((self.b.evs.len() as u32, code, locs.clone()));
+    }
+
+    #[inline]
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+        backtrace: &[LocationCode],
+    ) {
+        let keep = if *self.bt_valid {
+            (common_prefix as usize).min(backtrace.len())
+        } else {
+            0
+        };
+        *self.bt_valid = true;
+        let fresh = &backtrace[keep..];
+        self.b.frames.extend_from_slice(fresh);
+        self.b.keys.push(order_key(time, 0, 0, 0) | self.key_bits);
+        self.b.evs.push(Ev::Alloc {
+            id,
+            length,
+            nsamples,
+            source,
+            keep: keep as u32,
+            new: fresh.len() as u32,
+        });
+    }
+
+    #[inline]
+    fn promote(&mut self, time: u64, id: u64) {
+        self.b.keys.push(order_key(time, 0, 1, 0) | self.key_bits);
+        self.b.evs.push(Ev::Promote { id });
+    }
+
+    #[inline]
+    fn collect(&mut self, time: u64, id: u64) {
+        self.b.keys.push(order_key(time, 0, 2, 0) | self.key_bits);
+        self.b.evs.push(Ev::Collect { id });
+    }
+}
+
 /// Decode up to `n` events of a stream into `b`.
 fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
         return;
     };
-    while b.evs.len() < n {
-        match r.next_full() {
-            Ok(Some((ev, table, new))) => {
-                for c in new {
-                    if let Some(locs) = table.get(c) {
-                        b.locs.push((b.evs.len() as u32, *c, locs.clone()));
-                    }
-                }
-                let rank = match ev {
-                    Event::Alloc(_) => 0,
-                    Event::Promote { .. } => 1,
-                    Event::Collect { .. } => 2,
-                };
-                b.keys.push(order_key(ev.time().0, 0, rank, 0) | s.key_bits);
-                match ev {
-                    Event::Alloc(a) => {
-                        let keep = if s.bt_valid {
-                            (a.common_prefix as usize).min(a.backtrace.len())
-                        } else {
-                            0
-                        };
-                        let fresh = &a.backtrace[keep..];
-                        b.frames.extend_from_slice(fresh);
-                        s.bt_valid = true;
-                        b.evs.push(Ev::Alloc {
-                            id: a.id.0,
-                            length: a.length,
-                            nsamples: a.nsamples,
-                            source: a.source,
-                            keep: keep as u32,
-                            new: fresh.len() as u32,
-                        });
-                    }
-                    Event::Promote { id, .. } => b.evs.push(Ev::Promote { id: id.0 }),
-                    Event::Collect { id, .. } => b.evs.push(Ev::Collect { id: id.0 }),
-                }
-            }
-            Ok(None) => {
-                b.last = true;
-                break;
-            }
-            Err(e) => {
-                rep.warnings
-                    .push(format!("stopped reading after an error: {e}"));
-                b.last = true;
-                break;
-            }
-        }
-        if !r.warnings().is_empty() {
-            for w in r.take_warnings() {
-                rep.warnings.push(w.to_string());
-            }
+    let mut sink = Filler {
+        b,
+        key_bits: s.key_bits,
+        bt_valid: &mut s.bt_valid,
+    };
+    match r.read_events(&mut sink, n) {
+        Ok(true) => {}
+        Ok(false) => b.last = true,
+        Err(e) => {
+            rep.warnings
+                .push(format!("stopped reading after an error: {e}"));
+            b.last = true;
         }
     }
     for w in r.take_warnings() {

@@ -5,7 +5,7 @@ use crate::backtrace::CacheReader;
 use crate::buf::Cursor;
 use crate::error::{Error, Malformed, Position, Result};
 use crate::event::{
-    decode_header, Alloc, AllocSource, DomainId, Event, EventCode, ObjId, Timestamp,
+    decode_header, Alloc, AllocSource, DomainId, Event, EventCode, LocationCode, ObjId, Timestamp,
 };
 use crate::info::TraceInfo;
 use crate::location::{IntMap, LocationCodec, LocationList, LocationTable};
@@ -201,6 +201,8 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn err_at(&self, off_in_buf: usize, what: Malformed) -> Error {
         Error::Malformed {
             at: self.pos_at(off_in_buf),
@@ -471,6 +473,97 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// At the end of a packet: finish it and move to the next one with events.
+    /// Ok(false) at the end of the trace (and after an error, which ends it).
+    #[cold]
+    #[inline(never)]
+    fn advance(&mut self) -> Result<bool> {
+        if self.done {
+            return Ok(false);
+        }
+        let r = if self.in_packet {
+            self.finish_packet()
+        } else {
+            Ok(())
+        };
+        match r.and_then(|_| self.next_packet()) {
+            Ok(true) => {
+                self.in_packet = true;
+                Ok(true)
+            }
+            Ok(false) => {
+                self.done = true;
+                Ok(false)
+            }
+            Err(e) => {
+                self.done = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Read up to `max` events into `sink` (with the codes location events define, each
+    /// before the first event after it): the batch form of [`Reader::next_full`], for
+    /// consumers that copy what they need. Ok(false) once the trace has ended.
+    pub fn read_events(&mut self, sink: &mut impl EventSink, max: usize) -> Result<bool> {
+        let mut n = 0;
+        if self.done {
+            return Ok(false);
+        }
+        while n < max {
+            while self.pkt_pos >= self.pkt_end {
+                if !self.advance()? {
+                    return Ok(false);
+                }
+            }
+            let p = match self.read_event() {
+                Ok(p) => p,
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            };
+            if !self.new_codes.is_empty() {
+                for code in self.new_codes.drain(..) {
+                    if let Some(l) = self.locations.get(&code) {
+                        sink.location(code, l);
+                    }
+                }
+            }
+            match p {
+                None => self.stats.location_events += 1,
+                Some(Pending::Alloc {
+                    time,
+                    id,
+                    length,
+                    nsamples,
+                    source,
+                    common_prefix,
+                }) => {
+                    self.stats.allocs += 1;
+                    n += 1;
+                    let bt = if self.parse_backtraces {
+                        self.domains[self.cur].cache.backtrace()
+                    } else {
+                        &[]
+                    };
+                    sink.alloc(time, id, length, nsamples, source, common_prefix, bt);
+                }
+                Some(Pending::Promote { time, id }) => {
+                    self.stats.promotes += 1;
+                    n += 1;
+                    sink.promote(time, id);
+                }
+                Some(Pending::Collect { time, id }) => {
+                    self.stats.collects += 1;
+                    n += 1;
+                    sink.collect(time, id);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// The next event, or None at the end of the trace. Location events are absorbed into
     /// the location table. The event's backtrace is borrowed until the next call.
     pub fn next_event(&mut self) -> Result<Option<Event<'_>>> {
@@ -493,26 +586,10 @@ impl<R: Read> Reader<R> {
             return Ok(None);
         }
         let p = loop {
-            if self.pkt_pos >= self.pkt_end {
-                let r = if self.in_packet {
-                    self.finish_packet()
-                } else {
-                    Ok(())
-                };
-                let r = r.and_then(|_| self.next_packet());
-                match r {
-                    Ok(true) => {
-                        self.in_packet = true;
-                        continue;
-                    }
-                    Ok(false) => {
-                        self.done = true;
-                        return Ok(None);
-                    }
-                    Err(e) => {
-                        self.done = true;
-                        return Err(e);
-                    }
+            // (a packet may hold no events at all)
+            while self.pkt_pos >= self.pkt_end {
+                if !self.advance()? {
+                    return Ok(None);
                 }
             }
             match self.read_event() {
@@ -574,6 +651,27 @@ impl<R: Read> Reader<R> {
     }
 }
 
+/// What [`Reader::read_events`] hands events to (times and ids as plain numbers).
+pub trait EventSink {
+    /// A location event defined `code` (the first time it is defined).
+    fn location(&mut self, code: LocationCode, locs: &LocationList);
+    /// An allocation; its backtrace shares its first `common_prefix` frames (at most) with
+    /// the previous allocation's of the same domain.
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+        backtrace: &[LocationCode],
+    );
+    fn promote(&mut self, time: u64, id: u64);
+    fn collect(&mut self, time: u64, id: u64);
+}
+
 /// An event parsed but not yet handed out.
 #[derive(Clone, Copy)]
 enum Pending {
@@ -603,7 +701,7 @@ fn non_negative(field: &'static str, v: i64) -> Result<u64, Malformed> {
     }
 }
 
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn read_event_body(
     c: &mut Cursor<'_>,
