@@ -294,19 +294,40 @@ impl CacheWriter {
         alloc_id: i64,
         frames: &[LocationCode],
         limit: usize,
-        mut journal: Option<&mut Journal>,
+        journal: Option<&mut Journal>,
+        on_miss: impl FnMut(usize),
+    ) -> (usize, usize) {
+        match journal {
+            Some(j) => self.encode_with::<true>(b, alloc_id, frames, limit, j, on_miss),
+            None => {
+                let mut none = Journal::default();
+                self.encode_with::<false>(b, alloc_id, frames, limit, &mut none, on_miss)
+            }
+        }
+    }
+
+    /// [`CacheWriter::encode`], recording every entry it changes in `journal` when `J`.
+    #[inline(always)]
+    fn encode_with<const J: bool>(
+        &mut self,
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        frames: &[LocationCode],
+        limit: usize,
+        journal: &mut Journal,
         mut on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
         const M: usize = CACHE_SIZE - 1;
-        macro_rules! save {
-            ($i:expr) => {
-                if let Some(j) = journal.as_deref_mut() {
-                    let i = $i & M;
-                    j.saved
-                        .push((i as u16, self.cache[i], self.date[i], self.next[i]));
-                }
-            };
-        }
+        let (cache, date, next) = (&mut *self.cache, &mut *self.date, &mut *self.next);
+        let mut save = |i: usize,
+                        cache: &[u64; CACHE_SIZE],
+                        date: &[i64; CACHE_SIZE],
+                        next: &[u16; CACHE_SIZE]| {
+            if J {
+                let i = i & M;
+                journal.saved.push((i as u16, cache[i], date[i], next[i]));
+            }
+        };
         let n = frames.len();
         let mut pos = 0usize;
         let mut ncodes = 0usize;
@@ -320,22 +341,18 @@ impl CacheWriter {
             let slot = code.0;
             let (h1, h2) = buckets(code);
             let (h1, h2) = (h1 & M, h2 & M);
-            let hit = if self.cache[h1] == slot {
+            let mut hit = if cache[h1] == slot {
                 h1
-            } else if self.cache[h2] == slot {
+            } else if cache[h2] == slot {
                 h2
             } else {
                 on_miss(pos);
-                let bucket = if self.date[h1] < self.date[h2] {
-                    h1
-                } else {
-                    h2
-                };
-                save!(bucket);
-                save!(predictor);
-                self.cache[bucket] = slot;
-                self.date[bucket] = alloc_id;
-                self.next[predictor & M] = bucket as u16;
+                let bucket = if date[h1] < date[h2] { h1 } else { h2 };
+                save(bucket, cache, date, next);
+                save(predictor, cache, date, next);
+                cache[bucket] = slot;
+                date[bucket] = alloc_id;
+                next[predictor & M] = bucket as u16;
                 b.u16(((bucket << 2) | 3) as u16);
                 b.u64(slot);
                 predictor = bucket;
@@ -344,43 +361,43 @@ impl CacheWriter {
                 continue;
             };
             // code_cache_hit / code_with_prediction
-            let mut hit = hit;
             loop {
-                save!(hit);
-                save!(predictor);
-                self.date[hit & M] = alloc_id;
-                self.next[predictor & M] = hit as u16;
+                save(hit, cache, date, next);
+                save(predictor, cache, date, next);
+                date[hit & M] = alloc_id;
+                next[predictor & M] = hit as u16;
                 let orig = hit;
                 predictor = hit;
-                let mut ncorrect = 0usize;
                 pos += 1;
                 ncodes += 1;
                 // Predictions write nothing, so the reference's room check (made before each
                 // predicted frame) has the same answer for the whole run: make it once.
                 if b.len() + 2 > limit {
-                    Self::put_hit(b, orig, ncorrect);
+                    Self::put_hit(b, orig, 0);
                     return (ncodes, pos);
                 }
-                loop {
-                    let Some(&LocationCode(slot)) = frames.get(pos) else {
-                        Self::put_hit(b, orig, ncorrect);
-                        return (ncodes, pos);
-                    };
-                    let pb = self.next[predictor & M] as usize & M;
-                    if self.cache[pb] == slot {
-                        if ncorrect == 255 {
-                            Self::put_hit(b, orig, ncorrect);
-                            hit = pb;
-                            break; // code_cache_hit predictor pb
-                        }
-                        predictor = pb;
-                        ncorrect += 1;
-                        pos += 1;
-                    } else {
-                        Self::put_hit(b, orig, ncorrect);
-                        continue 'outer;
+                // the run of correctly predicted frames after the hit (at most 255)
+                let start = pos;
+                let end = n.min(pos + 255);
+                while pos < end {
+                    let pb = next[predictor & M] as usize & M;
+                    if cache[pb] != frames[pos].0 {
+                        break;
                     }
+                    predictor = pb;
+                    pos += 1;
                 }
+                Self::put_hit(b, orig, pos - start);
+                if pos == n {
+                    return (ncodes, pos);
+                }
+                let pb = next[predictor & M] as usize & M;
+                if pos - start == 255 && cache[pb] == frames[pos].0 {
+                    // a 256th correct prediction starts a new hit (code_cache_hit pb)
+                    hit = pb;
+                    continue;
+                }
+                continue 'outer;
             }
         }
     }

@@ -167,9 +167,14 @@ impl Decoder {
         let w = self.shared.owner[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
         loop {
+            let was_full = g.len() >= DEPTH;
             if let Some(b) = g.pop_front() {
                 drop(g);
-                self.poke(w);
+                // The worker sleeps only when every queue of its is full: wake it only
+                // when this one was.
+                if was_full {
+                    self.poke(w);
+                }
                 return b;
             }
             if self.handles[w].as_ref().is_none_or(|h| h.is_finished()) {

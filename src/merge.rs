@@ -541,7 +541,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut last_progress = started;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    // decoders on the cores the merging thread leaves (at least one)
+    let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4));
     let pipe = Decoder::start(specs, opened.len(), threads)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let mut heap = BinaryHeap::new();
