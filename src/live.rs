@@ -18,7 +18,7 @@ pub(crate) struct LiveObjects {
 
 impl LiveObjects {
     /// Record `id` as live with value `v` (any value but `u64::MAX`).
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, id: u64, v: u64) {
         debug_assert!(v != EMPTY);
         if id < self.base {
@@ -31,9 +31,10 @@ impl LiveObjects {
         self.ring[id as usize % RING] = v;
     }
 
-    /// Make a slot for `id`: allocate the ring, or move it so that `id` is its newest slot,
-    /// sending survivors to the map.
+    /// Make a slot for `id`: allocate the ring, or move it on so that `id` is in its first
+    /// half (half a ring of allocations before the next move), sending survivors to the map.
     #[cold]
+    #[inline(never)]
     fn make_room(&mut self, id: u64) {
         if self.ring.is_empty() {
             self.ring = vec![EMPTY; RING];
@@ -41,7 +42,7 @@ impl LiveObjects {
         if id - self.base < RING as u64 {
             return;
         }
-        let new_base = id + 1 - RING as u64;
+        let new_base = id + 1 - (RING / 2) as u64;
         if new_base - self.base >= RING as u64 {
             for (k, v) in self.ring.iter_mut().enumerate() {
                 if *v != EMPTY {
@@ -64,7 +65,7 @@ impl LiveObjects {
     }
 
     /// The value of live object `id`, to read or change.
-    #[inline]
+    #[inline(always)]
     pub fn get_mut(&mut self, id: u64) -> Option<&mut u64> {
         if id >= self.base && id - self.base < RING as u64 && !self.ring.is_empty() {
             let slot = &mut self.ring[id as usize % RING];
@@ -74,7 +75,7 @@ impl LiveObjects {
     }
 
     /// Forget live object `id`, giving its value.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, id: u64) -> Option<u64> {
         if id >= self.base && id - self.base < RING as u64 && !self.ring.is_empty() {
             let slot = &mut self.ring[id as usize % RING];

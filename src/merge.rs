@@ -10,11 +10,11 @@ use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
-use crate::writer::{Writer, WriterOptions};
+use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -236,8 +236,17 @@ struct Stream {
     frame_pos: usize,
     /// the batch's next location definition to take in
     loc_pos: usize,
-    /// The current allocation's backtrace in merged codes (tag frame first if any).
-    bt: Vec<LocationCode>,
+    /// index of `out_domain` among the output domains
+    out_slot: usize,
+}
+
+/// Each stream's current allocation backtrace in merged codes (tag frame first if any),
+/// with a count of its changes: what the last allocation written in a domain shares with
+/// the next one is known without comparing when both come from the same stream.
+#[derive(Default)]
+struct Backtrace {
+    frames: Vec<LocationCode>,
+    version: u64,
 }
 
 /// Warnings about one input, each said once (at most 1,000 kept).
@@ -449,6 +458,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let mut states = Vec::new();
     let mut streams = Vec::new();
     let mut specs = Vec::new();
+    let mut bts: Vec<Backtrace> = Vec::new();
+    let mut out_domains: Vec<DomainId> = Vec::new();
     let mut next_domain = 0u16;
     for (k, o) in opened.iter().enumerate() {
         let (p, i) = (&o.path, &o.info);
@@ -503,6 +514,13 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                 DomainId(next_domain - 1)
             };
+            let out_slot = match out_domains.iter().position(|&x| x == out_domain) {
+                Some(i) => i,
+                None => {
+                    out_domains.push(out_domain);
+                    out_domains.len() - 1
+                }
+            };
             specs.push(StreamSpec {
                 input: k,
                 path: p.clone(),
@@ -516,14 +534,19 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 pos: 0,
                 frame_pos: 0,
                 loc_pos: 0,
-                bt: st.tag.into_iter().collect(),
+                out_slot,
+            });
+            bts.push(Backtrace {
+                frames: st.tag.into_iter().collect(),
+                version: 0,
             });
         }
         states.push(st);
     }
 
     let (tmp, file) = TempOutput::create(output)?;
-    let out = BufWriter::with_capacity(1 << 20, file);
+    // Packets go straight to the file (one write each): no buffer to fill and copy.
+    let out = file;
     let mut w = Writer::new(
         out,
         &info,
@@ -545,6 +568,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4));
     let pipe = Decoder::start(specs, opened.len(), threads)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
+    // Per output domain: the stream of the last allocation written, and its version.
+    let mut last_written: Vec<Option<(usize, u64)>> = vec![None; out_domains.len()];
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
@@ -581,15 +606,19 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 new,
             } => {
                 let tag = st.tag.is_some() as usize;
-                s.bt.truncate(tag + keep as usize);
+                let keep = tag + keep as usize;
+                let bt = &mut bts[i];
+                bt.frames.truncate(keep);
                 let f = s.frame_pos;
                 let fresh = &s.batch.frames[f..f + new as usize];
                 if st.remap.is_empty() {
-                    s.bt.extend_from_slice(fresh);
+                    bt.frames.extend_from_slice(fresh);
                 } else {
                     let remap = &st.remap;
-                    s.bt.extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
+                    bt.frames
+                        .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
                 }
+                bt.version += 1;
                 s.frame_pos += new as usize;
                 st.report.allocs += 1;
                 st.report.samples_read += nsamples;
@@ -600,11 +629,28 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 if n == 0 {
                     st.live.insert(id, DROPPED);
                 } else {
+                    // What it shares with the last allocation written in its domain: the
+                    // stream's own common prefix when that was this stream's previous one.
+                    let slot = s.out_slot;
+                    let common = match last_written[slot] {
+                        Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
+                        Some((j, v)) if j != i && bts[j].version == v => {
+                            common_prefix(&bts[j].frames, &bts[i].frames)
+                        }
+                        _ => 0,
+                    };
+                    last_written[slot] = Some((i, bts[i].version));
                     let cut_before = w.stats().cut_backtraces;
-                    let out_id =
-                        w.put_alloc(Timestamp(time), dom, length, n, source, &s.bt, |c| {
-                            codes.meanings.get(&c).cloned()
-                        })?;
+                    let out_id = w.put_alloc_after(
+                        Timestamp(time),
+                        dom,
+                        length,
+                        n,
+                        source,
+                        common,
+                        &bts[i].frames[common..],
+                        |c| codes.meanings.get(&c).cloned(),
+                    )?;
                     if w.stats().cut_backtraces != cut_before {
                         st.report.cut_backtraces += 1;
                     }
@@ -697,10 +743,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             );
         }
     }
-    let (out, wstats) = w.finish_with_stats()?;
-    let file = out
-        .into_inner()
-        .map_err(|e| Error::io(output, "write output", e.into_error()))?;
+    let (file, wstats) = w.finish_with_stats()?;
     tmp.commit(file)?;
 
     let mut report = MergeReport {

@@ -503,8 +503,9 @@ impl<R: Read> Reader<R> {
     }
 
     /// Read up to `max` events into `sink` (with the codes location events define, each
-    /// before the first event after it): the batch form of [`Reader::next_full`], for
-    /// consumers that copy what they need. Ok(false) once the trace has ended.
+    /// before the first event after it), fewer if the sink says it is full: the batch form
+    /// of [`Reader::next_full`], for consumers that copy what they need. Ok(false) once the
+    /// trace has ended.
     pub fn read_events(&mut self, sink: &mut impl EventSink, max: usize) -> Result<bool> {
         let mut n = 0;
         if self.done {
@@ -548,6 +549,9 @@ impl<R: Read> Reader<R> {
                         &[]
                     };
                     sink.alloc(time, id, length, nsamples, source, common_prefix, bt);
+                    if sink.full() {
+                        break;
+                    }
                 }
                 Some(Pending::Promote { time, id }) => {
                     self.stats.promotes += 1;
@@ -670,6 +674,10 @@ pub trait EventSink {
     );
     fn promote(&mut self, time: u64, id: u64);
     fn collect(&mut self, time: u64, id: u64);
+    /// Asked after each allocation: true ends the batch early (before `max` events).
+    fn full(&self) -> bool {
+        false
+    }
 }
 
 /// An event parsed but not yet handed out.

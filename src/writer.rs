@@ -362,6 +362,90 @@ impl<W: Write> Writer<W> {
         self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
     }
 
+    /// Like [`Writer::put_alloc`], for a caller that knows what the backtrace shares with
+    /// the previous allocation of this domain: its first `common` frames are that one's,
+    /// followed by `new`. Any `common` up to the longest shared prefix makes a valid trace
+    /// (the longest gives the reference's bytes); the writer then keeps no backtrace of its
+    /// own, so a writer is fed through this or [`Writer::put_alloc`], not both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_alloc_after(
+        &mut self,
+        time: Timestamp,
+        domain: DomainId,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
+        let si = self.stream_at(domain, time.0)?;
+        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
+    }
+
+    /// [`Writer::put_alloc_in`] for the usual case, a backtrace short enough that the
+    /// reference budget always holds it (so there is nothing to undo or cut).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn put_alloc_whole(
+        &mut self,
+        si: usize,
+        time: Timestamp,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
+        let is_short = (1..=16).contains(&length)
+            && source == AllocSource::Minor
+            && nsamples == 1
+            && new.len() < 256;
+        let code = if is_short {
+            EventCode::ShortAlloc(length as u8)
+        } else {
+            EventCode::Alloc
+        };
+        self.begin_event(si, code, time.0)?;
+        let s = &mut self.streams[si];
+        let id = s.next_id;
+        s.next_id += 1;
+        let b = &mut s.packet;
+        let nenc_at = if is_short {
+            b.vint(common as i64);
+            b.skip(1)
+        } else {
+            b.vint(length as i64);
+            b.vint(nsamples as i64);
+            b.u8(source as u8);
+            b.vint(common as i64);
+            b.skip(2)
+        };
+        let limit = b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
+        let new_locs = &mut s.new_locs;
+        let mut missing = None;
+        let (ncodes, _) =
+            s.cache
+                .encode(b, id as i64, new, limit, None, |i| match resolve(new[i]) {
+                    Some(l) => new_locs.push((new[i], l)),
+                    None => missing = Some(new[i]),
+                });
+        if let Some(code) = missing {
+            return Err(Error::Write(format!(
+                "location code {:#x} has no known locations",
+                code.0
+            )));
+        }
+        if is_short {
+            b.set_u8(nenc_at, ncodes as u8);
+        } else {
+            b.set_u16(nenc_at, ncodes as u16);
+        }
+        self.stats.allocs += 1;
+        Ok(ObjId(id))
+    }
+
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn put_alloc_in(
@@ -375,6 +459,12 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
+        // Worst case 10 bytes a frame: within the reference budget it can never truncate.
+        if new.len() * backtrace::MAX_ENTRY < backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
+            && self.streams[si].cut.is_none()
+        {
+            return self.put_alloc_whole(si, time, length, nsamples, source, common, new, resolve);
+        }
         // After a backtrace had to be cut, the reader holds only its encoded part: frames
         // this one shares beyond the cut are sent again.
         let joined;
@@ -498,15 +588,7 @@ impl<W: Write> Writer<W> {
     ) -> Result<()> {
         let si = self.stream_at(domain, time.0)?;
         if self.version < 3 && id.0 >= self.streams[si].next_id {
-            return Err(Error::Write(format!(
-                "{} of object {} which is not allocated yet",
-                if code == EventCode::Promote {
-                    "promote"
-                } else {
-                    "collect"
-                },
-                id.0
-            )));
+            return Err(not_allocated(code, id));
         }
         self.begin_event(si, code, time.0)?;
         let s = &mut self.streams[si];
@@ -566,6 +648,20 @@ pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
         i += 1;
     }
     i
+}
+
+#[cold]
+#[inline(never)]
+fn not_allocated(code: EventCode, id: ObjId) -> Error {
+    Error::Write(format!(
+        "{} of object {} which is not allocated yet",
+        if code == EventCode::Promote {
+            "promote"
+        } else {
+            "collect"
+        },
+        id.0
+    ))
 }
 
 fn dummy_verifier() -> CacheVerifier {
