@@ -143,11 +143,18 @@ impl WriteBuf {
     }
     #[inline(always)]
     fn put<const N: usize>(&mut self, b: [u8; N]) {
-        if self.len + N > self.buf.len() {
-            self.grow(N);
+        match self.buf.get_mut(self.len..self.len + N) {
+            Some(d) => d.copy_from_slice(&b),
+            None => self.put_grown(&b),
         }
-        self.buf[self.len..self.len + N].copy_from_slice(&b);
         self.len += N;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn put_grown(&mut self, b: &[u8]) {
+        self.grow(b.len());
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
     }
     #[inline]
     pub fn u8(&mut self, v: u8) {

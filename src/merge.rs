@@ -578,149 +578,167 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
     }
     let mut nevents = 0u64;
-    while let Some(mut top) = heap.peek_mut() {
-        let Reverse(key) = *top;
-        let (time, i) = ((key >> 64) as u64, key as u32 as usize);
+    while let Some(&Reverse(first)) = heap.peek() {
+        let i = first as u32 as usize;
+        // The stream goes on alone while its events come before every other stream's next.
+        let bound = heap.as_slice()[1..]
+            .iter()
+            .take(2)
+            .map(|r| r.0)
+            .min()
+            .unwrap_or(u128::MAX);
         let s = &mut streams[i];
         let st = &mut states[s.input];
         let dom = s.out_domain;
-        // Take in the codes the stream defined before this event.
-        while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
-            if *at as usize > s.pos {
-                break;
-            }
-            let (m, remapped) = codes.map(*code, locs);
-            if remapped {
-                st.report.remapped_codes += 1;
-                st.remap.insert(*code, m);
-            }
-            s.loc_pos += 1;
-        }
-        match s.batch.evs[s.pos] {
-            Ev::Alloc {
-                id,
-                length,
-                nsamples,
-                source,
-                keep,
-                new,
-            } => {
-                let tag = st.tag.is_some() as usize;
-                let keep = tag + keep as usize;
-                let bt = &mut bts[i];
-                bt.frames.truncate(keep);
-                let f = s.frame_pos;
-                let fresh = &s.batch.frames[f..f + new as usize];
-                if st.remap.is_empty() {
-                    bt.frames.extend_from_slice(fresh);
-                } else {
-                    let remap = &st.remap;
-                    bt.frames
-                        .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
+        let tag = st.tag.is_some() as usize;
+        loop {
+            let time = (s.batch.keys[s.pos] >> 64) as u64;
+            // Take in the codes the stream defined before this event.
+            while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
+                if *at as usize > s.pos {
+                    break;
                 }
-                bt.version += 1;
-                s.frame_pos += new as usize;
-                st.report.allocs += 1;
-                st.report.samples_read += nsamples;
-                let n = match &mut st.thinner {
-                    Some(t) => t.keep(nsamples),
-                    None => nsamples,
-                };
-                if n == 0 {
-                    st.live.insert(id, DROPPED);
-                } else {
-                    // What it shares with the last allocation written in its domain: the
-                    // stream's own common prefix when that was this stream's previous one.
-                    let slot = s.out_slot;
-                    let common = match last_written[slot] {
-                        Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
-                        Some((j, v)) if j != i && bts[j].version == v => {
-                            common_prefix(&bts[j].frames, &bts[i].frames)
-                        }
-                        _ => 0,
+                let (m, remapped) = codes.map(*code, locs);
+                if remapped {
+                    st.report.remapped_codes += 1;
+                    st.remap.insert(*code, m);
+                }
+                s.loc_pos += 1;
+            }
+            match s.batch.evs[s.pos] {
+                Ev::Alloc {
+                    id,
+                    length,
+                    nsamples,
+                    source,
+                    keep,
+                    new,
+                } => {
+                    let keep = tag + keep as usize;
+                    let bt = &mut bts[i];
+                    bt.frames.truncate(keep);
+                    let f = s.frame_pos;
+                    let fresh = &s.batch.frames[f..f + new as usize];
+                    if st.remap.is_empty() {
+                        bt.frames.extend_from_slice(fresh);
+                    } else {
+                        let remap = &st.remap;
+                        bt.frames
+                            .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
+                    }
+                    bt.version += 1;
+                    s.frame_pos += new as usize;
+                    st.report.allocs += 1;
+                    st.report.samples_read += nsamples;
+                    let n = match &mut st.thinner {
+                        Some(t) => t.keep(nsamples),
+                        None => nsamples,
                     };
-                    last_written[slot] = Some((i, bts[i].version));
-                    let cut_before = w.stats().cut_backtraces;
-                    let out_id = w.put_alloc_after(
-                        Timestamp(time),
-                        dom,
-                        length,
-                        n,
-                        source,
-                        common,
-                        &bts[i].frames[common..],
-                        |c| codes.meanings.get(&c).cloned(),
-                    )?;
-                    if w.stats().cut_backtraces != cut_before {
-                        st.report.cut_backtraces += 1;
+                    if n == 0 {
+                        st.live.insert(id, DROPPED);
+                    } else {
+                        // What it shares with the last allocation written in its domain: the
+                        // stream's own common prefix when that was this stream's previous one.
+                        let slot = s.out_slot;
+                        let common = match last_written[slot] {
+                            Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
+                            Some((j, v)) if j != i && bts[j].version == v => {
+                                common_prefix(&bts[j].frames, &bts[i].frames)
+                            }
+                            _ => 0,
+                        };
+                        last_written[slot] = Some((i, bts[i].version));
+                        let cut_before = w.stats().cut_backtraces;
+                        let out_id = w.put_alloc_after(
+                            Timestamp(time),
+                            dom,
+                            length,
+                            n,
+                            source,
+                            common,
+                            &bts[i].frames[common..],
+                            |c| codes.meanings.get(&c).cloned(),
+                        )?;
+                        if w.stats().cut_backtraces != cut_before {
+                            st.report.cut_backtraces += 1;
+                        }
+                        st.live.insert(id, out_id.0);
+                        st.report.allocs_written += 1;
+                        st.report.samples_written += n;
                     }
-                    st.live.insert(id, out_id.0);
-                    st.report.allocs_written += 1;
-                    st.report.samples_written += n;
+                }
+                Ev::Promote { id } => {
+                    st.report.promotes += 1;
+                    match st.live.get_mut(id) {
+                        Some(&mut DROPPED) => {}
+                        Some(o) if *o & PROMOTED != 0 => {
+                            let msg = format!("second promote of object {id}; left out");
+                            warn_input(st, msg);
+                        }
+                        Some(o) => {
+                            let out = *o;
+                            *o |= PROMOTED;
+                            w.put_promote(Timestamp(time), dom, ObjId(out))?;
+                        }
+                        None => warn_input(
+                            st,
+                            format!("promote of object {id} that is not live; left out"),
+                        ),
+                    }
+                }
+                Ev::Collect { id } => {
+                    st.report.collects += 1;
+                    match st.live.remove(id) {
+                        Some(DROPPED) => {}
+                        Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
+                        None => warn_input(
+                            st,
+                            format!("collect of object {id} that is not live; left out"),
+                        ),
+                    }
                 }
             }
-            Ev::Promote { id } => {
-                st.report.promotes += 1;
-                match st.live.get_mut(id) {
-                    Some(&mut DROPPED) => {}
-                    Some(o) if *o & PROMOTED != 0 => {
-                        let msg = format!("second promote of object {id}; left out");
-                        warn_input(st, msg);
+            s.pos += 1;
+            if s.pos == s.batch.evs.len() && !s.batch.last {
+                let next = pipe.next_batch(i);
+                pipe.recycle(std::mem::replace(&mut s.batch, next));
+                s.pos = 0;
+                s.frame_pos = 0;
+                s.loc_pos = 0;
+            }
+            nevents += 1;
+            if nevents.is_multiple_of(4096) {
+                if INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(Error::Usage("merge interrupted; no output written".into()));
+                }
+                if show_progress && nevents.is_multiple_of(65536) {
+                    let now = Instant::now();
+                    if now.duration_since(started) > Duration::from_secs(1)
+                        && now.duration_since(last_progress) > Duration::from_millis(250)
+                    {
+                        last_progress = now;
+                        let done = pipe.bytes_read();
+                        eprint!(
+                            "\rmemtrace-merge: {} events, {:.0}%   ",
+                            nevents,
+                            100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
+                        );
                     }
-                    Some(o) => {
-                        let out = *o;
-                        *o |= PROMOTED;
-                        w.put_promote(Timestamp(time), dom, ObjId(out))?;
-                    }
-                    None => warn_input(
-                        st,
-                        format!("promote of object {id} that is not live; left out"),
-                    ),
                 }
             }
-            Ev::Collect { id } => {
-                st.report.collects += 1;
-                match st.live.remove(id) {
-                    Some(DROPPED) => {}
-                    Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
-                    None => warn_input(
-                        st,
-                        format!("collect of object {id} that is not live; left out"),
-                    ),
+            match s.batch.keys.get(s.pos) {
+                Some(&next) if next < bound => continue,
+                // replace the top in place (one sift-down instead of a pop and a push)
+                Some(&next) => {
+                    if let Some(mut top) = heap.peek_mut() {
+                        *top = Reverse(next);
+                    }
+                }
+                None => {
+                    heap.pop();
                 }
             }
-        }
-        s.pos += 1;
-        if s.pos == s.batch.evs.len() && !s.batch.last {
-            let next = pipe.next_batch(i);
-            pipe.recycle(std::mem::replace(&mut s.batch, next));
-            s.pos = 0;
-            s.frame_pos = 0;
-            s.loc_pos = 0;
-        }
-        if s.pos < s.batch.evs.len() {
-            // replace the top in place (one sift-down instead of a pop and a push)
-            *top = Reverse(s.batch.keys[s.pos]);
-        } else {
-            std::collections::binary_heap::PeekMut::pop(top);
-        }
-        nevents += 1;
-        if nevents.is_multiple_of(4096) && INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::Usage("merge interrupted; no output written".into()));
-        }
-        if show_progress && nevents.is_multiple_of(65536) {
-            let now = Instant::now();
-            if now.duration_since(started) > Duration::from_secs(1)
-                && now.duration_since(last_progress) > Duration::from_millis(250)
-            {
-                last_progress = now;
-                let done = pipe.bytes_read();
-                eprint!(
-                    "\rmemtrace-merge: {} events, {:.0}%   ",
-                    nevents,
-                    100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
-                );
-            }
+            break;
         }
     }
     if show_progress && started.elapsed() > Duration::from_secs(1) {

@@ -59,6 +59,18 @@ struct Stream {
     cut: Option<(usize, Vec<LocationCode>)>,
 }
 
+impl Stream {
+    /// The reference's reasons to flush before an event: the packet nearly full, many new
+    /// locations, a span over 30 s, or (format 3) the id chunk used up.
+    #[inline(always)]
+    fn must_flush(&self, now: u64) -> bool {
+        MAX_PACKET_SIZE - self.packet.len() < MAX_EV_SIZE
+            || self.new_locs.len() > MAX_NEW_LOCS
+            || (now as i64).wrapping_sub(self.time_start as i64) > PACKET_MAX_TIME as i64
+            || self.next_id >= self.last_id
+    }
+}
+
 /// Counts of what was written.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteStats {
@@ -325,12 +337,7 @@ impl<W: Write> Writer<W> {
     /// locations, would span over 30 s, or (format 3) the id chunk is used up.
     #[inline(always)]
     fn begin_event(&mut self, si: usize, code: EventCode, now: u64) -> Result<()> {
-        let s = &self.streams[si];
-        if MAX_PACKET_SIZE - s.packet.len() < MAX_EV_SIZE
-            || s.new_locs.len() > MAX_NEW_LOCS
-            || (now as i64).wrapping_sub(s.time_start as i64) > PACKET_MAX_TIME as i64
-            || s.next_id >= s.last_id
-        {
+        if self.streams[si].must_flush(now) {
             self.flush_cold(si, now)?;
         }
         let s = &mut self.streams[si];
@@ -586,23 +593,32 @@ impl<W: Write> Writer<W> {
         domain: DomainId,
         id: ObjId,
     ) -> Result<()> {
-        let si = self.stream_at(domain, time.0)?;
-        if self.version < 3 && id.0 >= self.streams[si].next_id {
+        let now = time.0;
+        let si = self.stream_at(domain, now)?;
+        let v2 = self.version < 3;
+        let s = &mut self.streams[si];
+        if v2 && id.0 >= s.next_id {
             return Err(not_allocated(code, id));
         }
-        self.begin_event(si, code, time.0)?;
+        if s.must_flush(now) {
+            self.flush_cold(si, now)?;
+        }
         let s = &mut self.streams[si];
+        s.time_end = now;
         let delta = (s.next_id as i64).wrapping_sub(1).wrapping_sub(id.0 as i64);
+        s.packet.u32(encode_header(code, time));
         s.packet.vint(delta);
         Ok(())
     }
 
+    #[inline]
     pub fn put_promote(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
         self.put_id_event(EventCode::Promote, time, domain, id)?;
         self.stats.promotes += 1;
         Ok(())
     }
 
+    #[inline]
     pub fn put_collect(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
         self.put_id_event(EventCode::Collect, time, domain, id)?;
         self.stats.collects += 1;
