@@ -8,7 +8,7 @@ use crate::merge::Warnings;
 use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -82,6 +82,8 @@ struct Batches {
 struct Queue {
     q: Mutex<Batches>,
     cv: Condvar,
+    /// `q.ready.len()`, readable without the lock (the worker's choice of what to fill).
+    queued: AtomicUsize,
 }
 
 /// A worker's doorbell: rung when one of its queues has room again (signalled only while
@@ -113,7 +115,7 @@ struct Shared {
 /// longer, mostly in the kernel).
 const BATCH_EVENTS: usize = 1024;
 /// A batch ends early once it holds this many frames (deep backtraces).
-const BATCH_FRAMES: usize = 32_768;
+const BATCH_FRAMES: usize = 16_384;
 
 /// Batches queued per stream ahead of the consumer.
 const DEPTH: usize = 4;
@@ -156,6 +158,7 @@ impl Decoder {
                 .map(|_| Queue {
                     q: Mutex::new(Batches::default()),
                     cv: Condvar::new(),
+                    queued: AtomicUsize::new(0),
                 })
                 .collect(),
             owner: owner.clone(),
@@ -191,6 +194,7 @@ impl Decoder {
         loop {
             if let Some(b) = g.ready.pop_front() {
                 let left = g.ready.len();
+                q.queued.store(left, Ordering::Relaxed);
                 drop(g);
                 // The worker sleeps when every queue of its is full; wake it once this one
                 // is half empty, so that it fills several batches a time it wakes (waiting
@@ -355,19 +359,32 @@ fn decode_all(
         if sh.abort.load(Ordering::Relaxed) {
             break;
         }
-        let mut worked = false;
+        // Fill the stream with the fewest batches ready (the one the merge may be waiting
+        // for), one batch at a time.
+        let mut pick = None;
+        let mut fewest = DEPTH;
         let mut all_done = true;
-        for s in st.iter_mut() {
+        for (k, s) in st.iter().enumerate() {
             if s.done {
                 continue;
             }
             all_done = false;
-            let q = &sh.queues[s.index];
-            let queued = q.q.lock().unwrap_or_else(|e| e.into_inner()).ready.len();
-            if queued >= DEPTH {
-                continue;
+            let n = sh.queues[s.index].queued.load(Ordering::Relaxed);
+            if n < fewest {
+                fewest = n;
+                pick = Some(k);
+                if n == 0 {
+                    break;
+                }
             }
-            worked = true;
+        }
+        if all_done {
+            break;
+        }
+        let worked = pick.is_some();
+        if let Some(k) = pick {
+            let s = &mut st[k];
+            let q = &sh.queues[s.index];
             let mut b = sh
                 .free
                 .lock()
@@ -389,12 +406,10 @@ fn decode_all(
             }
             let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
             g.ready.push_back(b);
+            q.queued.store(g.ready.len(), Ordering::Relaxed);
             if g.waiting {
                 q.cv.notify_one();
             }
-        }
-        if all_done {
-            break;
         }
         if !worked {
             let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
