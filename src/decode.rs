@@ -46,6 +46,18 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    /// A batch with room for `events` events and their frames, so that filling it does
+    /// not grow (copy and fault in) its vectors step by step.
+    fn with_capacity(events: usize) -> Batch {
+        Batch {
+            keys: Vec::with_capacity(events),
+            evs: Vec::with_capacity(events),
+            frames: Vec::with_capacity(BATCH_FRAMES + 1024),
+            locs: Vec::new(),
+            last: false,
+        }
+    }
+
     fn clear(&mut self) {
         self.keys.clear();
         self.evs.clear();
@@ -390,7 +402,7 @@ fn decode_all(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()
-                .unwrap_or_default();
+                .unwrap_or_else(|| Batch::with_capacity(batch_events));
             let rep = &mut reports[s.input].1;
             fill(s, &mut b, batch_events, rep);
             if let Some(r) = &s.reader {
