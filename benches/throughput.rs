@@ -7,7 +7,11 @@
 //! `cargo bench --bench throughput` (release profile). The OCaml reference figures printed
 //! as baselines were given to the project (measured on this machine by a colleague): the
 //! reference reader at ~10 MB/s with backtraces and the reference copy (re-encode) at
-//! ~23 MB/s. No baseline was given for (b), (d) and (e).
+//! ~23 MB/s. No baseline was given for (b), (d) and (e). When `MEMTRACE_OCAML_READ` and
+//! `MEMTRACE_OCAML_COPY` name builds of `benches/_ocaml/read.ml` and `copy.ml` (programs on
+//! the memtrace library, which this repository does not hold), those are also timed in
+//! this run on the same files (best of 3; their time includes starting the process and
+//! reading the file, ours does not).
 //!
 //! Environment: `THROUGHPUT_SYNTHETIC_MB` (default 100) sizes the synthetic trace (0 skips it);
 //! `THROUGHPUT_KEEP_SYNTHETIC=PATH` keeps a copy of it.
@@ -121,7 +125,7 @@ fn measure(op: Op, bytes: &[u8]) -> (Duration, u64, u32) {
 
 fn header() {
     println!(
-        "{:<26} {:<24} {:>8} {:>9} {:>4} {:>9} {:>8} {:>7}   {:>22} {:>7}",
+        "{:<26} {:<24} {:>8} {:>9} {:>4} {:>9} {:>8} {:>7}   {:>22} {:>7}   {:>20} {:>7}",
         "trace",
         "operation",
         "MB",
@@ -131,10 +135,46 @@ fn header() {
         "MB/s",
         "Mev/s",
         "reference (given) MB/s",
+        "ratio",
+        "reference (run) MB/s",
         "ratio"
     );
 }
 
+/// The OCaml program timed in this run for `op`, if one is configured.
+fn ocaml_program(op: Op) -> Option<PathBuf> {
+    let var = match op {
+        Op::ReadBacktraces => "MEMTRACE_OCAML_READ",
+        Op::Reencode => "MEMTRACE_OCAML_COPY",
+        _ => return None,
+    };
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+}
+
+/// Best wall time of 3 runs of the OCaml program on `trace`.
+fn time_ocaml(exe: &Path, op: Op, trace: &Path) -> Duration {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    (0..3)
+        .map(|_| {
+            let mut c = std::process::Command::new(exe);
+            c.arg(trace);
+            if op == Op::Reencode {
+                c.arg(out.path());
+            }
+            c.stdout(std::process::Stdio::null());
+            let t = Instant::now();
+            let st = c.status().unwrap();
+            assert!(st.success(), "{} failed", exe.display());
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+/// One line of the table; `reference` is the given figure, `measured` the one timed now.
+#[allow(clippy::too_many_arguments)]
 fn report(
     trace: &str,
     op: &str,
@@ -143,15 +183,18 @@ fn report(
     runs: u32,
     t: Duration,
     reference: Option<f64>,
+    measured: Option<f64>,
 ) {
     let s = t.as_secs_f64();
     let mbps = mb / s;
-    let (rf, ratio) = match reference {
+    let column = |r: Option<f64>| match r {
         Some(r) => (format!("{r:.0}"), format!("{:.1}x", mbps / r)),
         None => ("-".to_string(), "-".to_string()),
     };
+    let (rf, ratio) = column(reference);
+    let (mf, mratio) = column(measured);
     println!(
-        "{:<26} {:<24} {:>8.2} {:>9} {:>4} {:>9.1} {:>8.1} {:>7.2}   {:>22} {:>7}",
+        "{:<26} {:<24} {:>8.2} {:>9} {:>4} {:>9.1} {:>8.1} {:>7.2}   {:>22} {:>7}   {:>20} {:>7}",
         trace,
         op,
         mb,
@@ -161,11 +204,13 @@ fn report(
         mbps,
         events as f64 / s / 1e6,
         rf,
-        ratio
+        ratio,
+        mf,
+        mratio
     );
 }
 
-fn bench_trace(label: &str, bytes: &[u8]) {
+fn bench_trace(label: &str, file: &Path, bytes: &[u8]) {
     let mb = bytes.len() as f64 / 1e6;
     for op in [
         Op::ReadBacktraces,
@@ -174,7 +219,17 @@ fn bench_trace(label: &str, bytes: &[u8]) {
         Op::Dump,
     ] {
         let (t, events, runs) = measure(op, bytes);
-        report(label, op.name(), mb, events, runs, t, op.reference());
+        let measured = ocaml_program(op).map(|exe| mb / time_ocaml(&exe, op, file).as_secs_f64());
+        report(
+            label,
+            op.name(),
+            mb,
+            events,
+            runs,
+            t,
+            op.reference(),
+            measured,
+        );
     }
 }
 
@@ -364,7 +419,7 @@ fn main() {
         let p = root.join(rel);
         let mut bytes = Vec::new();
         match std::fs::File::open(&p).and_then(|mut f| f.read_to_end(&mut bytes)) {
-            Ok(_) => bench_trace(rel, &bytes),
+            Ok(_) => bench_trace(rel, &p, &bytes),
             Err(e) => println!("{rel}: skipped ({e})"),
         }
     }
@@ -385,12 +440,13 @@ fn main() {
             1,
             Duration::from_secs_f64(secs),
             None,
+            None,
         );
         let bytes = std::fs::read(&path).unwrap();
         if let Ok(keep) = std::env::var("THROUGHPUT_KEEP_SYNTHETIC") {
             std::fs::write(&keep, &bytes).unwrap();
         }
-        bench_trace(&label, &bytes);
+        bench_trace(&label, &path, &bytes);
     }
     println!("total bench time {:.1} s", total.elapsed().as_secs_f64());
 }

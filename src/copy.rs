@@ -49,15 +49,32 @@ fn copy_named<R: Read, W: Write>(
         };
         match ev {
             Event::Alloc(a) => {
-                let id = w.put_alloc(
-                    a.time,
-                    dom,
-                    a.length,
-                    a.nsamples,
-                    a.source,
-                    a.backtrace,
-                    |c| table.get(&c).cloned(),
-                )?;
+                let id = if same_layout {
+                    // Each output domain's previous backtrace is the input's: the prefix the
+                    // input shares with it is shared in the output (the reference writer's
+                    // own choice when the input was written by one).
+                    let common = (a.common_prefix as usize).min(a.backtrace.len());
+                    w.put_alloc_after(
+                        a.time,
+                        dom,
+                        a.length,
+                        a.nsamples,
+                        a.source,
+                        common,
+                        &a.backtrace[common..],
+                        |c| table.get(&c).cloned(),
+                    )?
+                } else {
+                    w.put_alloc(
+                        a.time,
+                        dom,
+                        a.length,
+                        a.nsamples,
+                        a.source,
+                        a.backtrace,
+                        |c| table.get(&c).cloned(),
+                    )?
+                };
                 if same_layout && id != a.id {
                     return Err(Error::Write(format!(
                         "allocation id {} re-encoded as {} (input ids are not in file order)",
