@@ -131,6 +131,6 @@ pub fn copy_file(
     let f = out
         .into_inner()
         .map_err(|e| Error::io(output, "write", e.into_error()))?;
-    tmp.commit(f)?;
+    tmp.commit(f, false)?;
     Ok((stats, warnings))
 }

@@ -126,6 +126,8 @@ struct Shared {
 /// so the page faults, down: 1,024 measured fastest on the fork traces (4,096 took 20%
 /// longer, mostly in the kernel).
 const BATCH_EVENTS: usize = 1024;
+/// Events in a stream's first batch: the merge can start once every stream has one.
+const FIRST_BATCH_EVENTS: usize = 64;
 /// A batch ends early once it holds this many frames (deep backtraces).
 const BATCH_FRAMES: usize = 16_384;
 
@@ -317,6 +319,8 @@ struct DecState {
     input: usize,
     bt_valid: bool,
     done: bool,
+    /// no batch filled yet (the first is small, so that the merge starts sooner)
+    first: bool,
     /// bytes of this reader already added to the shared count
     counted: u64,
 }
@@ -363,6 +367,7 @@ fn decode_all(
             input: slot,
             bt_valid: false,
             done: false,
+            first: true,
             counted: 0,
         });
     }
@@ -404,7 +409,13 @@ fn decode_all(
                 .pop()
                 .unwrap_or_else(|| Batch::with_capacity(batch_events));
             let rep = &mut reports[s.input].1;
-            fill(s, &mut b, batch_events, rep);
+            let n = if s.first {
+                FIRST_BATCH_EVENTS
+            } else {
+                batch_events
+            };
+            s.first = false;
+            fill(s, &mut b, n, rep);
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
                 sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);

@@ -373,6 +373,7 @@ unsafe fn parse_args(
 fn default_options() -> MergeOptions {
     MergeOptions {
         progress: false,
+        fsync: false,
         ..MergeOptions::default()
     }
 }

@@ -67,6 +67,9 @@ enum Cmd {
         /// No progress line and no per-input summary
         #[arg(short, long)]
         quiet: bool,
+        /// Flush the output to disk before renaming it into place (survives a power loss)
+        #[arg(long)]
+        fsync: bool,
         /// Traces: files, or directories whose *.ctf files are taken in name order
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
@@ -149,6 +152,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             pid,
             context,
             quiet,
+            fsync,
             inputs,
         } => {
             let opts = memtrace_merge::merge::MergeOptions {
@@ -163,6 +167,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 pid,
                 context: context.map(String::into_bytes),
                 progress: !quiet,
+                fsync,
             };
             memtrace_merge::ffi::install_interrupt_handler();
             let report = memtrace_merge::merge::merge(&inputs, &output, &opts);

@@ -51,6 +51,9 @@ pub struct MergeOptions {
     pub context: Option<Vec<u8>>,
     /// Print a progress line on stderr (when it is a terminal) for long merges.
     pub progress: bool,
+    /// Flush the output to disk before renaming it into place, so that it survives a power
+    /// loss (a few milliseconds). Without it the output is still never seen half-written.
+    pub fsync: bool,
 }
 
 /// What happened to one input.
@@ -207,9 +210,12 @@ impl TempOutput {
         )))
     }
 
-    pub(crate) fn commit(mut self, f: File) -> Result<()> {
-        f.sync_all()
-            .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
+    /// Rename the finished file onto the target (after flushing it to disk if `sync`).
+    pub(crate) fn commit(mut self, f: File, sync: bool) -> Result<()> {
+        if sync {
+            f.sync_all()
+                .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
+        }
         drop(f);
         std::fs::rename(&self.tmp, &self.target)
             .map_err(|e| Error::io(&self.target, "rename output", e))?;
@@ -762,7 +768,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
     }
     let (file, wstats) = w.finish_with_stats()?;
-    tmp.commit(file)?;
+    tmp.commit(file, opts.fsync)?;
 
     let mut report = MergeReport {
         output: output.to_path_buf(),

@@ -592,8 +592,9 @@ fn output_safety() {
 fn cli_merge_writes_the_same_as_the_library() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("cli.ctf");
+    // (flushed to disk before the rename: the same bytes)
     let st = Command::new(bin())
-        .args(["merge", "-q", "-o"])
+        .args(["merge", "-q", "--fsync", "-o"])
         .arg(&a)
         .args(fork())
         .status()
