@@ -26,6 +26,13 @@ pub fn buckets(code: LocationCode) -> (usize, usize) {
     (h1 as usize, h2 as usize)
 }
 
+/// Whether any frame is EMPTY: codes are OCaml ints, whose top two bits are equal, while
+/// EMPTY's differ (the decoder folds the same test into its copying loop).
+#[cfg(test)]
+fn any_empty(frames: &[LocationCode]) -> bool {
+    frames.iter().fold(0u64, |a, v| a | (v.0 ^ (v.0 << 1))) >> 63 != 0
+}
+
 /// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
 #[derive(Clone)]
 pub struct CacheReader {
@@ -147,17 +154,27 @@ impl CacheReader {
                 };
                 let mut p = bucket;
                 slots[0] = LocationCode(t.loc[p]);
-                for slot in &mut slots[1..=n] {
-                    p = t.pred[p] as usize & M;
-                    *slot = LocationCode(t.loc[p]);
+                // An entry no miss filled holds EMPTY. Predictions lead only to entries
+                // checked when they were set, or to entry 0 (the initial prediction): only
+                // the hit itself and, while entry 0 is empty, the predicted frames need
+                // looking at.
+                let mut empty = slots[0].0 == EMPTY;
+                if t.loc[0] == EMPTY {
+                    let mut acc = 0u64;
+                    for slot in &mut slots[1..=n] {
+                        p = t.pred[p] as usize & M;
+                        let v = t.loc[p];
+                        acc |= v ^ (v << 1);
+                        *slot = LocationCode(v);
+                    }
+                    empty |= acc >> 63 != 0;
+                } else {
+                    for slot in &mut slots[1..=n] {
+                        p = t.pred[p] as usize & M;
+                        *slot = LocationCode(t.loc[p]);
+                    }
                 }
-                // An entry no miss filled holds EMPTY (no code has that bit). Predictions
-                // lead only to entries checked when they were set, or to entry 0 (the
-                // initial prediction): only the hit itself and, while entry 0 is empty,
-                // the predicted frames need looking at.
-                if slots[0].0 == EMPTY
-                    || (t.loc[0] == EMPTY && slots[1..=n].iter().any(|v| v.0 == EMPTY))
-                {
+                if empty {
                     return Err(Malformed::EmptyCacheEntry);
                 }
                 len += n + 1;
@@ -509,6 +526,21 @@ mod tests {
         let mut v = ((bucket << 2) | 3).to_le_bytes().to_vec();
         v.extend_from_slice(&code.to_le_bytes());
         v
+    }
+
+    #[test]
+    fn empty_is_told_from_every_ocaml_int() {
+        let codes: Vec<LocationCode> = [0u64, 1, (1 << 62) - 1, u64::MAX, 0xdead_beef_0000]
+            .iter()
+            .map(|&v| LocationCode(ocaml_int(v) as u64))
+            .chain([LocationCode(ocaml_int(1 << 62) as u64)])
+            .collect();
+        assert!(!any_empty(&codes));
+        for k in 0..codes.len() {
+            let mut c = codes.clone();
+            c[k] = LocationCode(EMPTY);
+            assert!(any_empty(&c), "EMPTY at {k}");
+        }
     }
 
     #[test]
