@@ -52,7 +52,8 @@ impl Batch {
         Batch {
             keys: Vec::with_capacity(events),
             evs: Vec::with_capacity(events),
-            frames: Vec::with_capacity(BATCH_FRAMES + 1024),
+            // (16 new frames an event is plenty but for deep stacks, which grow it)
+            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             locs: Vec::new(),
             last: false,
         }
