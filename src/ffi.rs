@@ -374,6 +374,7 @@ fn default_options() -> MergeOptions {
     MergeOptions {
         progress: false,
         fsync: false,
+        decode_threads: None,
         ..MergeOptions::default()
     }
 }

@@ -168,6 +168,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 context: context.map(String::into_bytes),
                 progress: !quiet,
                 fsync,
+                decode_threads: None,
             };
             memtrace_merge::ffi::install_interrupt_handler();
             let report = memtrace_merge::merge::merge(&inputs, &output, &opts);

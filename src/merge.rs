@@ -54,6 +54,9 @@ pub struct MergeOptions {
     /// Flush the output to disk before renaming it into place, so that it survives a power
     /// loss (a few milliseconds). Without it the output is still never seen half-written.
     pub fsync: bool,
+    /// Threads decoding the inputs ahead of the merge (None: the cores but one, at least
+    /// one, at most four). The output does not depend on it.
+    pub decode_threads: Option<usize>,
 }
 
 /// What happened to one input.
@@ -571,7 +574,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let started = Instant::now();
     let mut last_progress = started;
     // decoders on the cores the merging thread leaves (at least one)
-    let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4));
+    let threads = opts.decode_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
+    });
     let pipe = Decoder::start(specs, opened.len(), threads)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     // Per output domain: the stream of the last allocation written, and its version.

@@ -307,6 +307,42 @@ fn write_synthetic(path: &Path, pid: u64, start: u64, file: &str, deep: usize) {
     w.finish().unwrap();
 }
 
+/// The output is the same bytes however many threads decode: streams decode
+/// independently, and codes are claimed in merged order on the merging thread. (CI's two
+/// cores run one decoding thread by default, so this is where several are exercised.)
+#[test]
+fn output_does_not_depend_on_the_decoding_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.ctf");
+    let b = dir.path().join("b.ctf");
+    write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
+    write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
+    let mut inputs = fork();
+    inputs.push(data("v3/multidomain.ctf"));
+    inputs.extend([a, b, data("rates/fast.ctf")]);
+    for format in [2, 3] {
+        let run = |threads: usize| {
+            let (_d, out, r) = merged(
+                &inputs,
+                &MergeOptions {
+                    format: Some(format),
+                    decode_threads: Some(threads),
+                    ..Default::default()
+                },
+            );
+            (std::fs::read(out).unwrap(), r.remapped_codes)
+        };
+        let (one, remapped) = run(1);
+        assert!(remapped > 0, "the colliding pair is remapped");
+        for threads in [2, 3, 8] {
+            assert!(
+                run(threads) == (one.clone(), remapped),
+                "format {format}: {threads} decoding threads wrote other bytes than one"
+            );
+        }
+    }
+}
+
 #[test]
 fn colliding_codes_of_different_executables_are_kept_apart() {
     let dir = tempfile::tempdir().unwrap();
