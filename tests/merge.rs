@@ -313,10 +313,7 @@ fn write_synthetic(path: &Path, pid: u64, start: u64, file: &str, deep: usize) {
 #[test]
 fn output_does_not_depend_on_the_decoding_threads() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a.ctf");
-    let b = dir.path().join("b.ctf");
-    write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
-    write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
+    let (a, b) = colliding_pair(dir.path());
     let mut inputs = fork();
     inputs.push(data("v3/multidomain.ctf"));
     inputs.extend([a, b, data("rates/fast.ctf")]);
@@ -343,13 +340,20 @@ fn output_does_not_depend_on_the_decoding_threads() {
     }
 }
 
+/// Two traces of different executables (pids 1 and 2) using the same 10 codes for their
+/// own locations (alpha.ml, beta.ml).
+fn colliding_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    let a = dir.join("a.ctf");
+    let b = dir.join("b.ctf");
+    write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
+    write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
+    (a, b)
+}
+
 #[test]
 fn colliding_codes_of_different_executables_are_kept_apart() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a.ctf");
-    let b = dir.path().join("b.ctf");
-    write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
-    write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
+    let (a, b) = colliding_pair(dir.path());
     let r = merge_and_compare(&[a.clone(), b.clone()], &MergeOptions::default());
     assert_eq!(
         r.remapped_codes, 10,
