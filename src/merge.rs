@@ -572,15 +572,115 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
-    let mut last_progress = started;
     // decoders on the cores the merging thread leaves (at least one)
     let threads = opts.decode_threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
     });
     let pipe = Decoder::start(specs, opened.len(), threads)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
+    let mut progress = Progress {
+        show: show_progress,
+        started,
+        last: started,
+        total_bytes,
+    };
+    merge_streams(
+        &mut streams,
+        &mut states,
+        &mut bts,
+        &mut codes,
+        &mut w,
+        &pipe,
+        &mut progress,
+    )?;
+    if show_progress && started.elapsed() > Duration::from_secs(1) {
+        eprintln!();
+    }
+    let decoded = pipe
+        .finish()
+        .map_err(|m| Error::Write(format!("internal error: a decoding thread panicked: {m}")))?;
+    for (st, d) in states.iter_mut().zip(decoded) {
+        st.report.skipped_packets = d.skipped_packets;
+        st.report.warnings = d.warnings.list;
+        let n = st.report.cut_backtraces;
+        if n > 0 {
+            warn_input(
+                st,
+                format!(
+                    "{n} allocation(s) had a backtrace too deep for one packet (over ~3,000 \
+                     new frames): each was kept cut to what fits"
+                ),
+            );
+        }
+    }
+    let (file, wstats) = w.finish_with_stats()?;
+    tmp.commit(file, opts.fsync)?;
+
+    let mut report = MergeReport {
+        output: output.to_path_buf(),
+        format,
+        allocs: wstats.allocs,
+        promotes: wstats.promotes,
+        collects: wstats.collects,
+        ..Default::default()
+    };
+    // Reports in the order of the inputs as given (skipped ones included).
+    let mut by_index: Vec<(usize, InputReport)> = states
+        .into_iter()
+        .zip(&opened)
+        .map(|(mut st, o)| {
+            st.report.warnings.append(&mut st.warnings.list);
+            st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
+            if st.thinner.is_some() {
+                st.report.keep_fraction = if st.report.samples_read == 0 {
+                    1.0
+                } else {
+                    st.report.samples_written as f64 / st.report.samples_read as f64
+                };
+                let msg = format!(
+                    "thinned: kept {} of {} samples ({:.4}%), {} of {} allocations",
+                    st.report.samples_written,
+                    st.report.samples_read,
+                    100.0 * st.report.keep_fraction,
+                    st.report.allocs_written,
+                    st.report.allocs
+                );
+                st.report.warnings.push(msg);
+            }
+            (o.index, st.report)
+        })
+        .collect();
+    by_index.extend(skipped);
+    by_index.sort_by_key(|(k, _)| *k);
+    let by_path: Vec<InputReport> = by_index.into_iter().map(|(_, r)| r).collect();
+    report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
+    report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum();
+    report.inputs = by_path;
+    Ok(report)
+}
+
+/// Where a merge stands, for its progress line on stderr.
+struct Progress {
+    show: bool,
+    started: Instant,
+    last: Instant,
+    total_bytes: u64,
+}
+
+/// The merge proper: every stream's events in merged order, written through `w`; the ids,
+/// live objects, codes and counts of each input kept in `states`.
+fn merge_streams(
+    streams: &mut [Stream],
+    states: &mut [InputState],
+    bts: &mut [Backtrace],
+    codes: &mut Codes,
+    w: &mut Writer<File>,
+    pipe: &Decoder,
+    progress: &mut Progress,
+) -> Result<()> {
+    let ndomains = streams.iter().map(|s| s.out_slot + 1).max().unwrap_or(0);
     // Per output domain: the stream of the last allocation written, and its version.
-    let mut last_written: Vec<Option<(usize, u64)>> = vec![None; out_domains.len()];
+    let mut last_written: Vec<Option<(usize, u64)>> = vec![None; ndomains];
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
@@ -722,17 +822,17 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 if INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
                     return Err(Error::Usage("merge interrupted; no output written".into()));
                 }
-                if show_progress && nevents.is_multiple_of(65536) {
+                if progress.show && nevents.is_multiple_of(65536) {
                     let now = Instant::now();
-                    if now.duration_since(started) > Duration::from_secs(1)
-                        && now.duration_since(last_progress) > Duration::from_millis(250)
+                    if now.duration_since(progress.started) > Duration::from_secs(1)
+                        && now.duration_since(progress.last) > Duration::from_millis(250)
                     {
-                        last_progress = now;
+                        progress.last = now;
                         let done = pipe.bytes_read();
                         eprint!(
                             "\rmemtrace-merge: {} events, {:.0}%   ",
                             nevents,
-                            100.0 * (done as f64 / total_bytes.max(1) as f64).min(1.0)
+                            100.0 * (done as f64 / progress.total_bytes.max(1) as f64).min(1.0)
                         );
                     }
                 }
@@ -752,70 +852,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             break;
         }
     }
-    if show_progress && started.elapsed() > Duration::from_secs(1) {
-        eprintln!();
-    }
-    let decoded = pipe
-        .finish()
-        .map_err(|m| Error::Write(format!("internal error: a decoding thread panicked: {m}")))?;
-    for (st, d) in states.iter_mut().zip(decoded) {
-        st.report.skipped_packets = d.skipped_packets;
-        st.report.warnings = d.warnings.list;
-        let n = st.report.cut_backtraces;
-        if n > 0 {
-            warn_input(
-                st,
-                format!(
-                    "{n} allocation(s) had a backtrace too deep for one packet (over ~3,000 \
-                     new frames): each was kept cut to what fits"
-                ),
-            );
-        }
-    }
-    let (file, wstats) = w.finish_with_stats()?;
-    tmp.commit(file, opts.fsync)?;
-
-    let mut report = MergeReport {
-        output: output.to_path_buf(),
-        format,
-        allocs: wstats.allocs,
-        promotes: wstats.promotes,
-        collects: wstats.collects,
-        ..Default::default()
-    };
-    // Reports in the order of the inputs as given (skipped ones included).
-    let mut by_index: Vec<(usize, InputReport)> = states
-        .into_iter()
-        .zip(&opened)
-        .map(|(mut st, o)| {
-            st.report.warnings.append(&mut st.warnings.list);
-            st.report.events = st.report.allocs + st.report.promotes + st.report.collects;
-            if st.thinner.is_some() {
-                st.report.keep_fraction = if st.report.samples_read == 0 {
-                    1.0
-                } else {
-                    st.report.samples_written as f64 / st.report.samples_read as f64
-                };
-                let msg = format!(
-                    "thinned: kept {} of {} samples ({:.4}%), {} of {} allocations",
-                    st.report.samples_written,
-                    st.report.samples_read,
-                    100.0 * st.report.keep_fraction,
-                    st.report.allocs_written,
-                    st.report.allocs
-                );
-                st.report.warnings.push(msg);
-            }
-            (o.index, st.report)
-        })
-        .collect();
-    by_index.extend(skipped);
-    by_index.sort_by_key(|(k, _)| *k);
-    let by_path: Vec<InputReport> = by_index.into_iter().map(|(_, r)| r).collect();
-    report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
-    report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum();
-    report.inputs = by_path;
-    Ok(report)
+    Ok(())
 }
 
 /// A person-readable summary of a merge: one line per input, then the totals.
