@@ -84,31 +84,31 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        if self.tables.is_none() {
-            self.tables = Some(ReaderTables {
-                loc: table_of(EMPTY),
-                pred: table_of(0),
-            });
-        }
+        let t = self.tables.get_or_insert_with(|| ReaderTables {
+            loc: table_of(EMPTY),
+            pred: table_of(0),
+        });
         if common_prefix <= self.last_len as u64 {
-            let mut out = std::mem::take(&mut self.last);
-            let r = self.decode_into(c, nencoded, &mut out, common_prefix as usize, defined);
-            self.last = out;
+            let r = Self::decode_into(
+                t,
+                c,
+                nencoded,
+                &mut self.last,
+                common_prefix as usize,
+                defined,
+            );
             // on error the backtrace is left as the prefix (the event is not handed out)
             self.last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
             r.map(|_| ())
         } else {
-            let mut out = std::mem::take(&mut self.scratch);
-            let r = self.decode_into(c, nencoded, &mut out, 0, defined);
-            self.scratch = out;
-            r.map(|_| ())
+            Self::decode_into(t, c, nencoded, &mut self.scratch, 0, defined).map(|_| ())
         }
     }
 
     /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
     #[inline]
     fn decode_into(
-        &mut self,
+        t: &mut ReaderTables,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
@@ -116,9 +116,6 @@ impl CacheReader {
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         const M: usize = CACHE_SIZE - 1;
-        let Some(t) = self.tables.as_mut() else {
-            unreachable!("tables are made before decoding")
-        };
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
