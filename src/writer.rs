@@ -585,7 +585,7 @@ impl<W: Write> Writer<W> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn put_id_event(
         &mut self,
         code: EventCode,
