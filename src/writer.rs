@@ -653,17 +653,8 @@ impl<W: Write> Writer<W> {
 /// Length of the longest common prefix of two backtraces.
 #[inline]
 pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut i = 0;
-    // compare in blocks of 8 first
-    while i + 8 <= n && a[i..i + 8] == b[i..i + 8] {
-        i += 8;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    i
+    // (shared prefixes are short where this is called often: a plain loop beats memcmp)
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cold]
@@ -809,5 +800,25 @@ mod tests {
             "{}",
             got[0].len()
         );
+    }
+
+    #[test]
+    fn common_prefix_agrees_with_a_plain_count() {
+        let mut x = 0x2545f4914f6cdd1du64;
+        for _ in 0..5000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let la = (x % 23) as usize;
+            let lb = ((x >> 8) % 23) as usize;
+            let a: Vec<LocationCode> = (0..la as u64).map(LocationCode).collect();
+            let mut b: Vec<LocationCode> = (0..lb as u64).map(LocationCode).collect();
+            if lb > 0 && (x >> 20) % 3 != 0 {
+                let k = ((x >> 24) as usize) % lb;
+                b[k] = LocationCode(1 << 40);
+            }
+            let want = a.iter().zip(&b).take_while(|(p, q)| p == q).count();
+            assert_eq!(common_prefix(&a, &b), want, "{a:?} {b:?}");
+        }
     }
 }
