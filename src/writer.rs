@@ -813,7 +813,7 @@ mod tests {
             let lb = ((x >> 8) % 23) as usize;
             let a: Vec<LocationCode> = (0..la as u64).map(LocationCode).collect();
             let mut b: Vec<LocationCode> = (0..lb as u64).map(LocationCode).collect();
-            if lb > 0 && (x >> 20) % 3 != 0 {
+            if lb > 0 && !(x >> 20).is_multiple_of(3) {
                 let k = ((x >> 24) as usize) % lb;
                 b[k] = LocationCode(1 << 40);
             }
