@@ -119,15 +119,20 @@ impl<T> Mtf<T> {
         let e = self.entries.remove(i);
         self.entries.insert(0, e);
     }
-    /// Encoder: the code for `k` (moving it to front), or `MTF_NEW` after pushing it.
-    fn encode(&mut self, k: &[u8], if_absent: impl FnOnce() -> T) -> u8 {
-        match self.entries.iter().position(|(e, _)| &e[..] == k) {
+    /// Encoder: the code for `k` (moving it to front), or `MTF_NEW` after pushing it (the
+    /// table shares `k`, nothing is copied).
+    fn encode(&mut self, k: &Arc<[u8]>, if_absent: impl FnOnce() -> T) -> u8 {
+        match self
+            .entries
+            .iter()
+            .position(|(e, _)| Arc::ptr_eq(e, k) || e[..] == k[..])
+        {
             Some(i) => {
                 self.move_to_front(i);
                 i as u8
             }
             None => {
-                self.push(Arc::from(k), if_absent());
+                self.push(k.clone(), if_absent());
                 MTF_NEW
             }
         }
