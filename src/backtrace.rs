@@ -77,6 +77,7 @@ impl CacheReader {
     /// `defined(code)` says whether a location event defined a code; every code that
     /// enters the cache (a miss) must be defined, and no frame may come from an entry no
     /// miss ever filled, so every decoded frame has locations.
+    #[inline(always)]
     pub fn decode(
         &mut self,
         c: &mut Cursor<'_>,
