@@ -102,12 +102,26 @@ impl CacheReader {
             self.last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
             r.map(|_| ())
         } else {
-            Self::decode_into(t, c, nencoded, &mut self.scratch, 0, defined).map(|_| ())
+            Self::decode_aside(t, c, nencoded, &mut self.scratch, defined)
         }
     }
 
+    /// The rare case of a common prefix longer than the previous backtrace: decode into the
+    /// scratch room (the cache learns; the backtrace stays as it was).
+    #[cold]
+    #[inline(never)]
+    fn decode_aside(
+        t: &mut ReaderTables,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        scratch: &mut Vec<LocationCode>,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<(), Malformed> {
+        Self::decode_into(t, c, nencoded, scratch, 0, defined).map(|_| ())
+    }
+
     /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
-    #[inline]
+    #[inline(always)]
     fn decode_into(
         t: &mut ReaderTables,
         c: &mut Cursor<'_>,
