@@ -464,7 +464,7 @@ impl<W: Write> Writer<W> {
         source: AllocSource,
         common: usize,
         new: &[LocationCode],
-        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
         // Worst case 10 bytes a frame: within the reference budget it can never truncate.
         if new.len() * backtrace::MAX_ENTRY < backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
@@ -472,6 +472,25 @@ impl<W: Write> Writer<W> {
         {
             return self.put_alloc_whole(si, time, length, nsamples, source, common, new, resolve);
         }
+        self.put_alloc_deep(si, time, length, nsamples, source, common, new, resolve)
+    }
+
+    /// [`Writer::put_alloc_in`] for a backtrace that may not fit the reference budget, or
+    /// after one was cut (rare: kept out of the callers' way).
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn put_alloc_deep(
+        &mut self,
+        si: usize,
+        time: Timestamp,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
         // After a backtrace had to be cut, the reader holds only its encoded part: frames
         // this one shares beyond the cut are sent again.
         let joined;
