@@ -405,30 +405,13 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
-        let is_short = (1..=16).contains(&length)
-            && source == AllocSource::Minor
-            && nsamples == 1
-            && new.len() < 256;
-        let code = if is_short {
-            EventCode::ShortAlloc(length as u8)
-        } else {
-            EventCode::Alloc
-        };
+        let code = alloc_event(length, nsamples, source, new.len());
         self.begin_event(si, code, time.0)?;
         let s = &mut self.streams[si];
         let id = s.next_id;
         s.next_id += 1;
         let b = &mut s.packet;
-        let nenc_at = if is_short {
-            b.vint(common as i64);
-            b.skip(1)
-        } else {
-            b.vint(length as i64);
-            b.vint(nsamples as i64);
-            b.u8(source as u8);
-            b.vint(common as i64);
-            b.skip(2)
-        };
+        let nenc_at = put_alloc_fields(b, code, length, nsamples, source, common);
         let limit = b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
         let new_locs = &mut s.new_locs;
         let mut missing = None;
@@ -438,17 +421,10 @@ impl<W: Write> Writer<W> {
                     Some(l) => new_locs.push((new[i], l)),
                     None => missing = Some(new[i]),
                 });
-        if let Some(code) = missing {
-            return Err(Error::Write(format!(
-                "location code {:#x} has no known locations",
-                code.0
-            )));
+        if let Some(c) = missing {
+            return Err(no_locations(c));
         }
-        if is_short {
-            b.set_u8(nenc_at, ncodes as u8);
-        } else {
-            b.set_u16(nenc_at, ncodes as u16);
-        }
+        set_codeword_count(b, code, nenc_at, ncodes);
         self.stats.allocs += 1;
         Ok(ObjId(id))
     }
@@ -501,15 +477,7 @@ impl<W: Write> Writer<W> {
             }
             _ => (common, new),
         };
-        let is_short = (1..=16).contains(&length)
-            && source == AllocSource::Minor
-            && nsamples == 1
-            && new.len() < 256;
-        let code = if is_short {
-            EventCode::ShortAlloc(length as u8)
-        } else {
-            EventCode::Alloc
-        };
+        let code = alloc_event(length, nsamples, source, new.len());
         // Worst case 10 bytes a frame: within the reference budget it can never truncate.
         let may_truncate =
             new.len() * backtrace::MAX_ENTRY >= backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
@@ -525,16 +493,7 @@ impl<W: Write> Writer<W> {
             let id = s.next_id;
             s.next_id += 1;
             let b = &mut s.packet;
-            let nenc_at = if is_short {
-                b.vint(common as i64);
-                b.skip(1)
-            } else {
-                b.vint(length as i64);
-                b.vint(nsamples as i64);
-                b.u8(source as u8);
-                b.vint(common as i64);
-                b.skip(2)
-            };
+            let nenc_at = put_alloc_fields(b, code, length, nsamples, source, common);
             let limit = if attempt == 0 {
                 b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
             } else {
@@ -557,11 +516,8 @@ impl<W: Write> Writer<W> {
                     None => missing = Some(new[i]),
                 },
             );
-            if let Some(code) = missing {
-                return Err(Error::Write(format!(
-                    "location code {:#x} has no known locations",
-                    code.0
-                )));
+            if let Some(c) = missing {
+                return Err(no_locations(c));
             }
             if done < new.len() && journal && attempt > 0 {
                 // Not even a whole packet holds it: keep what fits (the reference would have
@@ -593,12 +549,7 @@ impl<W: Write> Writer<W> {
                 attempt += 1;
                 continue;
             }
-            let b = &mut s.packet;
-            if is_short {
-                b.set_u8(nenc_at, ncodes as u8);
-            } else {
-                b.set_u16(nenc_at, ncodes.min(0xffff) as u16);
-            }
+            set_codeword_count(&mut s.packet, code, nenc_at, ncodes);
             self.stats.allocs += 1;
             return Ok(ObjId(id));
         }
@@ -674,6 +625,59 @@ impl<W: Write> Writer<W> {
 pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
     // (shared prefixes are short where this is called often: a plain loop beats memcmp)
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The reference's event for an allocation: the short form for a small minor allocation of
+/// one sample with fewer than 256 new frames.
+#[inline(always)]
+fn alloc_event(length: u64, nsamples: u64, source: AllocSource, new: usize) -> EventCode {
+    if (1..=16).contains(&length) && source == AllocSource::Minor && nsamples == 1 && new < 256 {
+        EventCode::ShortAlloc(length as u8)
+    } else {
+        EventCode::Alloc
+    }
+}
+
+/// An allocation's fields after its header, with room for its codeword count (whose offset
+/// this returns, for [`set_codeword_count`]).
+#[inline(always)]
+fn put_alloc_fields(
+    b: &mut WriteBuf,
+    code: EventCode,
+    length: u64,
+    nsamples: u64,
+    source: AllocSource,
+    common: usize,
+) -> usize {
+    if let EventCode::ShortAlloc(_) = code {
+        b.vint(common as i64);
+        b.skip(1)
+    } else {
+        b.vint(length as i64);
+        b.vint(nsamples as i64);
+        b.u8(source as u8);
+        b.vint(common as i64);
+        b.skip(2)
+    }
+}
+
+/// Fill in the codeword count that [`put_alloc_fields`] left room for.
+#[inline(always)]
+fn set_codeword_count(b: &mut WriteBuf, code: EventCode, at: usize, ncodes: usize) {
+    if let EventCode::ShortAlloc(_) = code {
+        b.set_u8(at, ncodes as u8);
+    } else {
+        b.set_u16(at, ncodes.min(0xffff) as u16);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn no_locations(code: LocationCode) -> Error {
+    Error::Write(format!(
+        "location code {:#x} has no known locations",
+        code.0
+    ))
 }
 
 #[cold]
