@@ -502,6 +502,36 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// The next event of the trace, parsed (the caller counts it): Ok(None) at its end,
+    /// Some(None) for a location event (absorbed into the table). An error ends the trace.
+    #[inline(always)]
+    fn next_pending(&mut self) -> Result<Option<Option<Pending>>> {
+        // (a packet may hold no events at all)
+        while self.pkt_pos >= self.pkt_end {
+            if !self.advance()? {
+                return Ok(None);
+            }
+        }
+        let p = match self.read_event() {
+            Ok(p) => p,
+            Err(e) => {
+                self.done = true;
+                return Err(e);
+            }
+        };
+        Ok(Some(p))
+    }
+
+    /// The backtrace of the allocation just read (empty when backtraces are not parsed).
+    #[inline(always)]
+    fn current_backtrace(&self) -> &[crate::event::LocationCode] {
+        if self.parse_backtraces {
+            self.domains[self.cur].cache.backtrace()
+        } else {
+            &[]
+        }
+    }
+
     /// Read up to `max` events into `sink` (with the codes location events define, each
     /// before the first event after it), fewer if the sink says it is full: the batch form
     /// of [`Reader::next_full`], for consumers that copy what they need. Ok(false) once the
@@ -512,17 +542,8 @@ impl<R: Read> Reader<R> {
             return Ok(false);
         }
         while n < max {
-            while self.pkt_pos >= self.pkt_end {
-                if !self.advance()? {
-                    return Ok(false);
-                }
-            }
-            let p = match self.read_event() {
-                Ok(p) => p,
-                Err(e) => {
-                    self.done = true;
-                    return Err(e);
-                }
+            let Some(p) = self.next_pending()? else {
+                return Ok(false);
             };
             if !self.new_codes.is_empty() {
                 for code in self.new_codes.drain(..) {
@@ -543,11 +564,7 @@ impl<R: Read> Reader<R> {
                 }) => {
                     self.stats.allocs += 1;
                     n += 1;
-                    let bt = if self.parse_backtraces {
-                        self.domains[self.cur].cache.backtrace()
-                    } else {
-                        &[]
-                    };
+                    let bt = self.current_backtrace();
                     sink.alloc(time, id, length, nsamples, source, common_prefix, bt);
                     if sink.full() {
                         break;
@@ -590,25 +607,18 @@ impl<R: Read> Reader<R> {
             return Ok(None);
         }
         let p = loop {
-            // (a packet may hold no events at all)
-            while self.pkt_pos >= self.pkt_end {
-                if !self.advance()? {
-                    return Ok(None);
-                }
-            }
-            match self.read_event() {
-                Ok(Some(p)) => break p,
-                Ok(None) => {
-                    self.stats.location_events += 1;
-                    continue;
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Err(e);
-                }
+            match self.next_pending()? {
+                Some(Some(p)) => break p,
+                Some(None) => self.stats.location_events += 1,
+                None => return Ok(None),
             }
         };
         let domain = DomainId(self.header.domain);
+        match p {
+            Pending::Alloc { .. } => self.stats.allocs += 1,
+            Pending::Promote { .. } => self.stats.promotes += 1,
+            Pending::Collect { .. } => self.stats.collects += 1,
+        }
         let ev = match p {
             Pending::Alloc {
                 time,
@@ -617,39 +627,26 @@ impl<R: Read> Reader<R> {
                 nsamples,
                 source,
                 common_prefix,
-            } => {
-                self.stats.allocs += 1;
-                Event::Alloc(Alloc {
-                    time: Timestamp(time),
-                    domain,
-                    id: ObjId(id),
-                    length,
-                    nsamples,
-                    source,
-                    common_prefix,
-                    backtrace: if self.parse_backtraces {
-                        self.domains[self.cur].cache.backtrace()
-                    } else {
-                        &[]
-                    },
-                })
-            }
-            Pending::Promote { time, id } => {
-                self.stats.promotes += 1;
-                Event::Promote {
-                    time: Timestamp(time),
-                    domain,
-                    id: ObjId(id),
-                }
-            }
-            Pending::Collect { time, id } => {
-                self.stats.collects += 1;
-                Event::Collect {
-                    time: Timestamp(time),
-                    domain,
-                    id: ObjId(id),
-                }
-            }
+            } => Event::Alloc(Alloc {
+                time: Timestamp(time),
+                domain,
+                id: ObjId(id),
+                length,
+                nsamples,
+                source,
+                common_prefix,
+                backtrace: self.current_backtrace(),
+            }),
+            Pending::Promote { time, id } => Event::Promote {
+                time: Timestamp(time),
+                domain,
+                id: ObjId(id),
+            },
+            Pending::Collect { time, id } => Event::Collect {
+                time: Timestamp(time),
+                domain,
+                id: ObjId(id),
+            },
         };
         Ok(Some((ev, &self.locations, &self.new_codes)))
     }
