@@ -442,10 +442,7 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
-        // Worst case 10 bytes a frame: within the reference budget it can never truncate.
-        if new.len() * backtrace::MAX_ENTRY < backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
-            && self.streams[si].cut.is_none()
-        {
+        if always_fits(new.len()) && self.streams[si].cut.is_none() {
             return self.put_alloc_whole(si, time, length, nsamples, source, common, new, resolve);
         }
         self.put_alloc_deep(si, time, length, nsamples, source, common, new, resolve)
@@ -478,10 +475,7 @@ impl<W: Write> Writer<W> {
             _ => (common, new),
         };
         let code = alloc_event(length, nsamples, source, new.len());
-        // Worst case 10 bytes a frame: within the reference budget it can never truncate.
-        let may_truncate =
-            new.len() * backtrace::MAX_ENTRY >= backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
-        let journal = self.lossless && may_truncate;
+        let journal = self.lossless && !always_fits(new.len());
         let mut missing = None;
         let mut attempt = 0;
         loop {
@@ -625,6 +619,13 @@ impl<W: Write> Writer<W> {
 pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
     // (shared prefixes are short where this is called often: a plain loop beats memcmp)
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Whether `new` frames always fit the reference's backtrace budget: at worst 10 bytes a
+/// frame, so their encoding can never be truncated.
+#[inline(always)]
+fn always_fits(new: usize) -> bool {
+    new * backtrace::MAX_ENTRY < backtrace::MAX_LENGTH - backtrace::MAX_ENTRY
 }
 
 /// The reference's event for an allocation: the short form for a small minor allocation of
