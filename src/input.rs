@@ -37,13 +37,9 @@ impl FilePool {
         })))
     }
 
-    /// A budget derived from the process's soft `RLIMIT_NOFILE`: half of it, leaving room
-    /// for the host program's own descriptors (at least 4, at most 512).
-    pub fn from_rlimit() -> Self {
-        FilePool::from_rlimit_share(1)
-    }
-
-    /// One of `n` pools sharing the budget of [`FilePool::from_rlimit`] (for `n` threads).
+    /// One of `n` pools (for `n` threads) sharing a budget derived from the process's soft
+    /// `RLIMIT_NOFILE`: half of it, leaving room for the host program's own descriptors (at
+    /// least 4, at most 512).
     pub fn from_rlimit_share(n: usize) -> Self {
         FilePool::new((open_files_limit() / 2).clamp(4, 512) / n.max(1))
     }
