@@ -512,6 +512,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             };
             st.tag = Some(codes.fresh(Arc::from(vec![loc])));
         }
+        let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         for &d in &o.domains {
             let out_domain = if format < 3 {
                 DomainId(0)
@@ -534,7 +535,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 input: k,
                 path: p.clone(),
                 domain: if i.version >= 3 { Some(d) } else { None },
-                size: std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
+                size,
             });
             streams.push(Stream {
                 input: k,
