@@ -125,7 +125,7 @@ impl<T> Mtf<T> {
         match self
             .entries
             .iter()
-            .position(|(e, _)| Arc::ptr_eq(e, k) || e[..] == k[..])
+            .position(|(e, _)| Arc::ptr_eq(e, k) || same_bytes(e, k))
         {
             Some(i) => {
                 self.move_to_front(i);
@@ -137,6 +137,22 @@ impl<T> Mtf<T> {
             }
         }
     }
+}
+
+/// Whether two strings are equal, testing their last 8 bytes first: names in one table
+/// often share a long start and a length (`src/module_12.ml`, `src/module_57.ml`), so
+/// this usually answers without a full comparison.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && (a.len() < 8 || tail8(a) == tail8(b)) && a == b
+}
+
+/// The last 8 bytes of a string of at least 8, as one word.
+#[inline(always)]
+fn tail8(s: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&s[s.len() - 8..]);
+    u64::from_ne_bytes(w)
 }
 
 /// Per-stream MTF state of the location codec (one per domain).
@@ -251,6 +267,29 @@ impl LocationCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tail test only ever shortcuts a comparison: same answers as `==`, including
+    /// strings under 8 bytes and strings that differ only at their start or end.
+    #[test]
+    fn same_bytes_agrees_with_equality() {
+        let words: [&[u8]; 10] = [
+            b"",
+            b"a",
+            b"abcdefg",
+            b"abcdefgh",
+            b"xbcdefgh",
+            b"abcdefgx",
+            b"src/module_12.ml",
+            b"src/module_57.ml",
+            b"lib/module_12.ml",
+            b"src/module_12.ml",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(same_bytes(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
 
     fn loc(file: &str, def: &str, line: u32) -> Location {
         Location {
