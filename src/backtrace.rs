@@ -303,6 +303,64 @@ impl CacheWriter {
         }
     }
 
+    /// Follow the predictions from `predictor` while they give `frames[pos..end]`: the
+    /// position of the first frame they miss (or `end`), `predictor` at the last they give.
+    #[inline(always)]
+    fn follow(
+        frames: &[LocationCode],
+        mut pos: usize,
+        end: usize,
+        predictor: &mut usize,
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+    ) -> usize {
+        const M: usize = CACHE_SIZE - 1;
+        while pos < end {
+            let pb = next[*predictor & M] as usize & M;
+            if cache[pb] != frames[pos].0 {
+                break;
+            }
+            *predictor = pb;
+            pos += 1;
+        }
+        pos
+    }
+
+    /// In a run of predictions 16 frames long, at `pos`: when the last frames repeat every 1
+    /// or 2 (recursion), they are in entries repeating so (a code is in one entry at most,
+    /// but for 0, which every entry never filled holds) that predict each other, and
+    /// predictions change nothing: the next frames are predicted exactly while they repeat
+    /// the ones before. Returns the position after them, `predictor` set to the last entry.
+    #[inline(never)]
+    fn skip_recursion(
+        frames: &[LocationCode],
+        pos: usize,
+        end: usize,
+        predictor: &mut usize,
+        next: &[u16; CACHE_SIZE],
+    ) -> usize {
+        let f = |j: usize| frames[j].0;
+        let p = if f(pos - 1) == 0 || f(pos - 2) == 0 {
+            return pos;
+        } else if f(pos - 1) == f(pos - 2) {
+            1
+        } else if f(pos - 1) == f(pos - 3) && f(pos - 2) == f(pos - 4) {
+            2
+        } else {
+            return pos;
+        };
+        let m = frames[pos..end]
+            .iter()
+            .zip(&frames[pos - p..end - p])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if p == 2 && m % 2 == 1 {
+            // an odd number more: the run ends on the other entry
+            *predictor = next[*predictor & (CACHE_SIZE - 1)] as usize & (CACHE_SIZE - 1);
+        }
+        pos + m
+    }
+
     /// Undo the changes recorded in `journal` (latest first).
     pub fn rollback(&mut self, journal: &mut Journal) {
         while let Some((i, c, d, n)) = journal.saved.pop() {
@@ -317,7 +375,10 @@ impl CacheWriter {
     /// bytes (the reference passes its position + 4096 - 10). Calls `on_miss(i)` for every
     /// frame that misses the cache (its locations must be logged). Returns (codewords
     /// written, frames encoded): fewer frames than given means the backtrace was truncated.
-    pub fn encode(
+    /// `LONG`: for many new frames, where deep recursion shows; its long runs of predicted
+    /// frames are then counted without following each prediction (see
+    /// [`CacheWriter::skip_recursion`]), for the same bytes.
+    pub fn encode<const LONG: bool>(
         &mut self,
         b: &mut WriteBuf,
         alloc_id: i64,
@@ -327,17 +388,19 @@ impl CacheWriter {
         on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
         match journal {
-            Some(j) => self.encode_with::<true>(b, alloc_id, frames, limit, j, on_miss),
+            Some(j) => self.encode_with::<true, LONG>(b, alloc_id, frames, limit, j, on_miss),
             None => {
                 let mut none = Journal::default();
-                self.encode_with::<false>(b, alloc_id, frames, limit, &mut none, on_miss)
+                let j = &mut none;
+                self.encode_with::<false, LONG>(b, alloc_id, frames, limit, j, on_miss)
             }
         }
     }
 
-    /// [`CacheWriter::encode`], recording every entry it changes in `journal` when `J`.
+    /// [`CacheWriter::encode`], recording every entry it changes in `journal` when `J`,
+    /// looking for recursion in long runs of predictions when `R`.
     #[inline(always)]
-    fn encode_with<const J: bool>(
+    fn encode_with<const J: bool, const R: bool>(
         &mut self,
         b: &mut WriteBuf,
         alloc_id: i64,
@@ -408,13 +471,12 @@ impl CacheWriter {
                 // the run of correctly predicted frames after the hit (at most 255)
                 let start = pos;
                 let end = n.min(pos + 255);
-                while pos < end {
-                    let pb = next[predictor & M] as usize & M;
-                    if cache[pb] != frames[pos].0 {
-                        break;
-                    }
-                    predictor = pb;
-                    pos += 1;
+                // (16 frames first: only a run that long is looked at for recursion)
+                let first = if R { end.min(pos + 16) } else { end };
+                pos = Self::follow(frames, pos, first, &mut predictor, cache, next);
+                if R && pos == first && pos < end {
+                    pos = Self::skip_recursion(frames, pos, end, &mut predictor, next);
+                    pos = Self::follow(frames, pos, end, &mut predictor, cache, next);
                 }
                 Self::put_hit(b, orig, pos - start);
                 if pos == n {
@@ -447,7 +509,8 @@ mod tests {
         for (id, bt) in bts.iter().enumerate() {
             let mut b = WriteBuf::default();
             let mut misses = 0;
-            let (n, done) = w.encode(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
+            let (n, done) =
+                w.encode::<false>(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
             assert_eq!(done, bt.len());
             let mut c = Cursor::new(b.bytes());
             r.decode(&mut c, n, 0, |_| true).unwrap();
@@ -472,6 +535,139 @@ mod tests {
         round_trip(&[bt.clone(), bt.clone(), bt]);
     }
 
+    /// The reference's encoder transcribed frame by frame (`code_no_prediction`,
+    /// `code_cache_hit`, `code_with_prediction`), without any of the shortcuts.
+    fn reference_encode(
+        cache: &mut [u64],
+        date: &mut [i64],
+        next: &mut [u16],
+        id: i64,
+        frames: &[LocationCode],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        let (mut pos, mut predictor) = (0usize, 0usize);
+        while pos < frames.len() {
+            let code = frames[pos];
+            let (h1, h2) = buckets(code);
+            let mut hit = if cache[h1] == code.0 {
+                h1
+            } else if cache[h2] == code.0 {
+                h2
+            } else {
+                let bucket = if date[h1] < date[h2] { h1 } else { h2 };
+                cache[bucket] = code.0;
+                date[bucket] = id;
+                next[predictor] = bucket as u16;
+                out.extend_from_slice(&(((bucket << 2) | 3) as u16).to_le_bytes());
+                out.extend_from_slice(&code.0.to_le_bytes());
+                predictor = bucket;
+                pos += 1;
+                continue;
+            };
+            loop {
+                date[hit] = id;
+                next[predictor] = hit as u16;
+                predictor = hit;
+                pos += 1;
+                let mut ncorrect = 0;
+                let mut again = false;
+                while pos < frames.len() {
+                    let pb = next[predictor] as usize;
+                    if cache[pb] != frames[pos].0 {
+                        break;
+                    }
+                    if ncorrect == 255 {
+                        again = true;
+                        break;
+                    }
+                    ncorrect += 1;
+                    predictor = pb;
+                    pos += 1;
+                }
+                match ncorrect {
+                    0 | 1 => out.extend_from_slice(&(((hit << 2) | ncorrect) as u16).to_le_bytes()),
+                    n => {
+                        out.extend_from_slice(&(((hit << 2) | 2) as u16).to_le_bytes());
+                        out.push(n as u8);
+                    }
+                }
+                if again {
+                    hit = next[predictor] as usize;
+                    continue;
+                }
+                break;
+            }
+        }
+        out
+    }
+
+    /// Backtraces full of recursion (runs of one code, of two alternating codes, of three;
+    /// code 0 among them, which entries never filled hold), some longer than 255 frames,
+    /// encode to exactly the reference's bytes and decode back to themselves.
+    #[test]
+    fn recursion_shortcuts_write_the_reference_bytes() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut w = CacheWriter::default();
+        let mut r = CacheReader::default();
+        let (mut cache, mut date, mut next) = (
+            vec![0u64; CACHE_SIZE],
+            vec![0i64; CACHE_SIZE],
+            vec![0u16; CACHE_SIZE],
+        );
+        let mut bt: Vec<LocationCode> = Vec::new();
+        for id in 0..3000i64 {
+            bt.truncate(rnd(bt.len() as u64 + 1) as usize);
+            for _ in 0..rnd(6) + 1 {
+                let period = rnd(4) as usize;
+                let len = [1, 3, 40, 300, 600][rnd(5) as usize];
+                let cycle: Vec<LocationCode> = (0..period.max(1))
+                    .map(|_| LocationCode(rnd(60) + (id < 1500) as u64))
+                    .collect();
+                for k in 0..len {
+                    bt.push(cycle[k % cycle.len()]);
+                }
+                if rnd(3) == 0 {
+                    // a break in the pattern
+                    bt.push(LocationCode(rnd(60) + (id < 1500) as u64));
+                }
+            }
+            let mut b = WriteBuf::default();
+            // (with and without a journal, as the writer's two uses)
+            let mut journal = Journal::default();
+            let j = (id % 2 == 0).then_some(&mut journal);
+            let (ncodes, done) = w.encode::<true>(&mut b, id, &bt, usize::MAX, j, |_| {});
+            assert_eq!(done, bt.len());
+            let want = reference_encode(&mut cache, &mut date, &mut next, id, &bt);
+            assert_eq!(b.bytes(), &want[..], "backtrace {id}");
+            // and they decode back (until code 0 comes in, at 1500, which the reference
+            // encodes as hits on entries no miss filled, and which this reader refuses)
+            if id < 1500 {
+                let mut c = Cursor::new(b.bytes());
+                r.decode(&mut c, ncodes, 0, |_| true).unwrap();
+                assert_eq!(r.backtrace(), &bt[..], "backtrace {id}");
+            }
+        }
+    }
+
+    /// Mutual recursion of every length, each ending in another frame, twice: the second
+    /// time every frame is predicted, through the entry each run ended on.
+    #[test]
+    fn runs_of_recursion_end_on_the_right_entry() {
+        for len in 1..12usize {
+            let mut bt: Vec<LocationCode> = vec![LocationCode(5)];
+            bt.extend((0..len).map(|k| LocationCode(10 + (k % 2) as u64)));
+            bt.push(LocationCode(20));
+            bt.push(LocationCode(21));
+            round_trip(&[bt.clone(), bt.clone(), bt[..len].to_vec(), bt.clone(), bt]);
+        }
+    }
+
     #[test]
     fn eviction_with_more_than_cache_size_codes() {
         let bts: Vec<Vec<LocationCode>> = (0..40)
@@ -487,7 +683,7 @@ mod tests {
         let mut w = CacheWriter::default();
         let bt: Vec<LocationCode> = (0..1000).map(|i| LocationCode(i * 977 + 3)).collect();
         let mut b = WriteBuf::default();
-        let (n, done) = w.encode(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, None, |_| {});
+        let (n, done) = w.encode::<false>(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, None, |_| {});
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
@@ -501,17 +697,17 @@ mod tests {
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
         r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
             .unwrap();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
         r.decode(&mut Cursor::new(b.bytes()), n, 10, |_| true)
             .unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| {
+        let (n, _) = w.encode::<false>(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| {
             panic!("9 must hit")
         });
         r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
@@ -523,7 +719,7 @@ mod tests {
     fn undefined_codes_and_empty_entries_are_errors() {
         let mut w = CacheWriter::default();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode(&mut b, 0, &codes(&[5]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[5]), usize::MAX, None, |_| {});
         let mut r = CacheReader::default();
         let e = r.decode(&mut Cursor::new(b.bytes()), n, 0, |c| c.0 != 5);
         assert_eq!(e, Err(Malformed::UndefinedLocation { code: 5 }));

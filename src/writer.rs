@@ -417,7 +417,7 @@ impl<W: Write> Writer<W> {
         let mut missing = None;
         let (ncodes, _) =
             s.cache
-                .encode(b, id as i64, new, limit, None, |i| match resolve(new[i]) {
+                .encode::<false>(b, id as i64, new, limit, None, |i| match resolve(new[i]) {
                     Some(l) => new_locs.push((new[i], l)),
                     None => missing = Some(new[i]),
                 });
@@ -495,7 +495,7 @@ impl<W: Write> Writer<W> {
             };
             let new_locs = &mut s.new_locs;
             self.journal.clear();
-            let (ncodes, done) = s.cache.encode(
+            let (ncodes, done) = s.cache.encode::<true>(
                 b,
                 id as i64,
                 new,
