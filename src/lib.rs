@@ -20,6 +20,7 @@ pub mod input;
 pub(crate) mod live;
 pub mod location;
 pub mod merge;
+pub mod output;
 pub mod packet;
 pub mod reader;
 pub mod summary;

@@ -8,6 +8,7 @@ use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
 use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
+use crate::output::BackgroundFile;
 use crate::reader::{scan_domains, Reader};
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
@@ -555,8 +556,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     }
 
     let (tmp, file) = TempOutput::create(output)?;
-    // Packets go straight to the file (one write each): no buffer to fill and copy.
-    let out = file;
+    // The file is written on a thread of its own: the merging thread is the busiest.
+    let out = BackgroundFile::new(file).map_err(|e| Error::io(output, "start writing", e))?;
     let mut w = Writer::new(
         out,
         &info,
@@ -614,7 +615,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             );
         }
     }
-    let (file, wstats) = w.finish_with_stats()?;
+    let (out, wstats) = w.finish_with_stats()?;
+    let file = out.finish().map_err(|e| Error::io(output, "write", e))?;
     tmp.commit(file, opts.fsync)?;
 
     let mut report = MergeReport {
@@ -675,7 +677,7 @@ fn merge_streams(
     states: &mut [InputState],
     bts: &mut [Backtrace],
     codes: &mut Codes,
-    w: &mut Writer<File>,
+    w: &mut Writer<BackgroundFile>,
     pipe: &Decoder,
     progress: &mut Progress,
 ) -> Result<()> {
