@@ -83,10 +83,11 @@ fn stopped() -> io::Error {
 
 impl Write for BackgroundFile {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(b);
-        if self.buf.len() >= CHUNK {
+        // (sent before it would outgrow its room: no buffer is ever reallocated)
+        if self.buf.len() + b.len() > CHUNK && !self.buf.is_empty() {
             self.send()?;
         }
+        self.buf.extend_from_slice(b);
         Ok(b.len())
     }
 
