@@ -337,7 +337,8 @@ fn write_synthetic(path: &Path, target: u64) -> (u64, u64, f64) {
     )
     .unwrap();
     let mut time = start;
-    let mut live: Vec<ObjId> = Vec::new();
+    // live objects, and whether each was promoted (an object is promoted at most once)
+    let mut live: Vec<(ObjId, bool)> = Vec::new();
     let mut pool = 0usize;
     let mut bt: Vec<LocationCode> = Vec::new();
     let mut events = 0u64;
@@ -376,13 +377,18 @@ fn write_synthetic(path: &Path, target: u64) -> (u64, u64, f64) {
                         |c| locs.get(&c).cloned(),
                     )
                     .unwrap();
-                live.push(id);
+                live.push((id, false));
             } else if r < 62 {
-                let id = live[live.len() - 1 - rng.below(live.len().min(64))];
-                w.put_promote(Timestamp(time), DomainId(0), id).unwrap();
+                let i = live.len() - 1 - rng.below(live.len().min(64));
+                if live[i].1 {
+                    continue;
+                }
+                live[i].1 = true;
+                w.put_promote(Timestamp(time), DomainId(0), live[i].0)
+                    .unwrap();
             } else {
                 let i = live.len() - 1 - rng.below(live.len().min(2000));
-                let id = live.swap_remove(i);
+                let (id, _) = live.swap_remove(i);
                 w.put_collect(Timestamp(time), DomainId(0), id).unwrap();
             }
             events += 1;
