@@ -388,23 +388,94 @@ impl CacheWriter {
         on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
         match journal {
-            Some(j) => self.encode_with::<true, LONG>(b, alloc_id, frames, limit, j, on_miss),
+            Some(j) => self.encode_with::<true, LONG, false>(
+                b,
+                alloc_id,
+                frames,
+                &mut [],
+                limit,
+                j,
+                on_miss,
+            ),
             None => {
                 let mut none = Journal::default();
                 let j = &mut none;
-                self.encode_with::<false, LONG>(b, alloc_id, frames, limit, j, on_miss)
+                self.encode_with::<false, LONG, false>(
+                    b,
+                    alloc_id,
+                    frames,
+                    &mut [],
+                    limit,
+                    j,
+                    on_miss,
+                )
             }
         }
+    }
+
+    /// [`CacheWriter::encode`] (no journal, no recursion shortcut) with `hints`, one per
+    /// frame: the entry the frame was in when last encoded (any value will do: hints are
+    /// checked, and only save following predictions one after the other, each waiting for
+    /// the last). On return each encoded frame's hint is its entry.
+    pub fn encode_hinted(
+        &mut self,
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        frames: &[LocationCode],
+        hints: &mut [u16],
+        limit: usize,
+        on_miss: impl FnMut(usize),
+    ) -> (usize, usize) {
+        debug_assert!(hints.len() >= frames.len());
+        let mut none = Journal::default();
+        self.encode_with::<false, false, true>(
+            b, alloc_id, frames, hints, limit, &mut none, on_miss,
+        )
+    }
+
+    /// [`CacheWriter::follow`] with hints: while each frame's hint is the entry the one
+    /// before predicts and holds the frame, no load waits for another.
+    #[inline(always)]
+    fn follow_hinted(
+        frames: &[LocationCode],
+        hints: &mut [u16],
+        mut pos: usize,
+        end: usize,
+        predictor: &mut usize,
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+    ) -> usize {
+        const M: usize = CACHE_SIZE - 1;
+        let mut p = *predictor;
+        while pos < end {
+            let h = hints[pos] as usize & M;
+            if (next[p & M] as usize & M == h) & (cache[h] == frames[pos].0) {
+                p = h;
+                pos += 1;
+                continue;
+            }
+            let pb = next[p & M] as usize & M;
+            if cache[pb] != frames[pos].0 {
+                break;
+            }
+            hints[pos] = pb as u16;
+            p = pb;
+            pos += 1;
+        }
+        *predictor = p;
+        pos
     }
 
     /// [`CacheWriter::encode`], recording every entry it changes in `journal` when `J`,
     /// looking for recursion in long runs of predictions when `R`.
     #[inline(always)]
-    fn encode_with<const J: bool, const R: bool>(
+    #[allow(clippy::too_many_arguments)]
+    fn encode_with<const J: bool, const R: bool, const H: bool>(
         &mut self,
         b: &mut WriteBuf,
         alloc_id: i64,
         frames: &[LocationCode],
+        hints: &mut [u16],
         limit: usize,
         journal: &mut Journal,
         mut on_miss: impl FnMut(usize),
@@ -447,6 +518,9 @@ impl CacheWriter {
                 next[predictor & M] = bucket as u16;
                 b.u16(((bucket << 2) | 3) as u16);
                 b.u64(slot);
+                if H {
+                    hints[pos] = bucket as u16;
+                }
                 predictor = bucket;
                 pos += 1;
                 ncodes += 1;
@@ -460,6 +534,9 @@ impl CacheWriter {
                 next[predictor & M] = hit as u16;
                 let orig = hit;
                 predictor = hit;
+                if H {
+                    hints[pos] = hit as u16;
+                }
                 pos += 1;
                 ncodes += 1;
                 // Predictions write nothing, so the reference's room check (made before each
@@ -473,7 +550,11 @@ impl CacheWriter {
                 let end = n.min(pos + 255);
                 // (16 frames first: only a run that long is looked at for recursion)
                 let first = if R { end.min(pos + 16) } else { end };
-                pos = Self::follow(frames, pos, first, &mut predictor, cache, next);
+                pos = if H {
+                    Self::follow_hinted(frames, hints, pos, first, &mut predictor, cache, next)
+                } else {
+                    Self::follow(frames, pos, first, &mut predictor, cache, next)
+                };
                 if R && pos == first && pos < end {
                     pos = Self::skip_recursion(frames, pos, end, &mut predictor, next);
                     pos = Self::follow(frames, pos, end, &mut predictor, cache, next);
@@ -533,6 +614,16 @@ mod tests {
     fn long_runs_of_predictions_overflow_255() {
         let bt: Vec<LocationCode> = (0..600).map(|i| LocationCode(1000 + i)).collect();
         round_trip(&[bt.clone(), bt.clone(), bt]);
+    }
+
+    /// A small random generator: `rnd(n)` is below `n`.
+    fn xorshift(mut x: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        }
     }
 
     /// The reference's encoder transcribed frame by frame (`code_no_prediction`,
@@ -606,13 +697,7 @@ mod tests {
     /// encode to exactly the reference's bytes and decode back to themselves.
     #[test]
     fn recursion_shortcuts_write_the_reference_bytes() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
         let (mut cache, mut date, mut next) = (
@@ -653,6 +738,67 @@ mod tests {
                 assert_eq!(r.backtrace(), &bt[..], "backtrace {id}");
             }
         }
+    }
+
+    /// Hints change nothing but speed: several streams of backtraces (sharing codes, with
+    /// recursion, code 0, more codes than the cache holds, a byte budget) interleaved,
+    /// each with its own hints (right, stale or wrong), encode to the reference's bytes,
+    /// and each encoded frame's hint is then the entry that holds it.
+    #[test]
+    fn hints_write_the_reference_bytes() {
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut plain = CacheWriter::default();
+        let mut hinted = CacheWriter::default();
+        let mut streams: Vec<(Vec<LocationCode>, Vec<u16>)> = vec![Default::default(); 4];
+        let mut hits = 0;
+        for id in 0..6000i64 {
+            let s = rnd(4) as usize;
+            let (bt, hints) = &mut streams[s];
+            let keep = rnd(bt.len() as u64 + 1) as usize;
+            bt.truncate(keep);
+            for _ in 0..rnd(40) {
+                let pool = if id < 3000 { 3000 } else { 40_000 };
+                let c = if rnd(8) == 0 && !bt.is_empty() {
+                    bt[bt.len() - 1 - rnd(bt.len().min(3) as u64) as usize]
+                } else {
+                    LocationCode(rnd(pool) * 7 + s as u64 * (rnd(2) * 3))
+                };
+                bt.push(c);
+            }
+            match rnd(10) {
+                0 => hints.iter_mut().for_each(|h| *h = rnd(1 << 16) as u16),
+                _ => hints.resize(bt.len(), 0),
+            }
+            hints.resize(bt.len().max(hints.len()), 0);
+            let from = rnd(keep as u64 + 1) as usize;
+            let limit = if rnd(50) == 0 { 40 } else { usize::MAX };
+            let mut want = WriteBuf::default();
+            let (n1, d1) = plain.encode::<false>(&mut want, id, &bt[from..], limit, None, |_| {});
+            let mut got = WriteBuf::default();
+            let before: Vec<u16> = hints[from..bt.len()].to_vec();
+            let (n2, d2) =
+                hinted.encode_hinted(&mut got, id, &bt[from..], &mut hints[from..], limit, |_| {});
+            assert_eq!((n1, d1), (n2, d2), "backtrace {id}");
+            assert_eq!(got.bytes(), want.bytes(), "backtrace {id}");
+            for k in from..from + d2 {
+                if hints[k] == before[k - from] && bt[k].0 != 0 {
+                    hits += 1;
+                }
+                let e = hints[k] as usize & (CACHE_SIZE - 1);
+                // (a later miss of the same backtrace may have evicted it)
+                if hinted.cache[e] != bt[k].0 {
+                    assert!(
+                        id >= 3000 || limit != usize::MAX,
+                        "backtrace {id} frame {k}"
+                    );
+                }
+            }
+        }
+        assert_eq!(plain.cache, hinted.cache);
+        assert_eq!(plain.next, hinted.next);
+        assert_eq!(plain.date, hinted.date);
+        // (and the hints were right often enough for the fast path to be tested)
+        assert!(hits > 20_000, "{hits}");
     }
 
     /// Mutual recursion of every length, each ending in another frame, twice: the second

@@ -256,6 +256,9 @@ struct Stream {
 #[derive(Default)]
 struct Backtrace {
     frames: Vec<LocationCode>,
+    /// Per frame, the output cache entry it was in when last encoded (see
+    /// [`Writer::put_alloc_hinted`]); stale beyond what was kept, which does no harm.
+    hints: Vec<u16>,
     version: u64,
 }
 
@@ -549,6 +552,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
+                hints: Vec::new(),
                 version: 0,
             });
         }
@@ -763,14 +767,19 @@ fn merge_streams(
                         };
                         last_written[slot] = Some((i, bts[i].version));
                         let cut_before = w.stats().cut_backtraces;
-                        let out_id = w.put_alloc_after(
+                        let bt = &mut bts[i];
+                        if bt.hints.len() < bt.frames.len() {
+                            bt.hints.resize(bt.frames.len(), 0);
+                        }
+                        let out_id = w.put_alloc_hinted(
                             Timestamp(time),
                             dom,
                             length,
                             n,
                             source,
                             common,
-                            &bts[i].frames[common..],
+                            &bt.frames[common..],
+                            &mut bt.hints[common..],
                             |c| codes.meanings.get(&c).cloned(),
                         )?;
                         if w.stats().cut_backtraces != cut_before {

@@ -366,7 +366,17 @@ impl<W: Write> Writer<W> {
         let new = &backtrace[common..];
         s.last_backtrace.truncate(common);
         s.last_backtrace.extend_from_slice(new);
-        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
+        self.put_alloc_in(
+            si,
+            time,
+            length,
+            nsamples,
+            source,
+            common,
+            new,
+            &mut [],
+            resolve,
+        )
     }
 
     /// Like [`Writer::put_alloc`], for a caller that knows what the backtrace shares with
@@ -386,8 +396,31 @@ impl<W: Write> Writer<W> {
         new: &[LocationCode],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
+        let (d, l, n, s) = (domain, length, nsamples, source);
+        self.put_alloc_hinted(time, d, l, n, s, common, new, &mut [], resolve)
+    }
+
+    /// [`Writer::put_alloc_after`] with a hint per new frame (`hints`, as long as `new`):
+    /// the cache entry it was in when last encoded, any value if unknown. Same bytes; the
+    /// encoder checks each hint, and a right one spares it waiting on the prediction before.
+    /// On return the hints of the encoded frames are their entries.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_alloc_hinted(
+        &mut self,
+        time: Timestamp,
+        domain: DomainId,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common: usize,
+        new: &[LocationCode],
+        hints: &mut [u16],
+        resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
         let si = self.stream_at(domain, time.0)?;
-        self.put_alloc_in(si, time, length, nsamples, source, common, new, resolve)
+        self.put_alloc_in(
+            si, time, length, nsamples, source, common, new, hints, resolve,
+        )
     }
 
     /// [`Writer::put_alloc_in`] for the usual case, a backtrace short enough that the
@@ -403,6 +436,7 @@ impl<W: Write> Writer<W> {
         source: AllocSource,
         common: usize,
         new: &[LocationCode],
+        hints: &mut [u16],
         mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
         let code = alloc_event(length, nsamples, source, new.len());
@@ -415,12 +449,17 @@ impl<W: Write> Writer<W> {
         let limit = b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
         let new_locs = &mut s.new_locs;
         let mut missing = None;
-        let (ncodes, _) =
+        let on_miss = |i: usize| match resolve(new[i]) {
+            Some(l) => new_locs.push((new[i], l)),
+            None => missing = Some(new[i]),
+        };
+        let (ncodes, _) = if hints.len() >= new.len() && !new.is_empty() {
             s.cache
-                .encode::<false>(b, id as i64, new, limit, None, |i| match resolve(new[i]) {
-                    Some(l) => new_locs.push((new[i], l)),
-                    None => missing = Some(new[i]),
-                });
+                .encode_hinted(b, id as i64, new, hints, limit, on_miss)
+        } else {
+            s.cache
+                .encode::<false>(b, id as i64, new, limit, None, on_miss)
+        };
         if let Some(c) = missing {
             return Err(no_locations(c));
         }
@@ -440,10 +479,13 @@ impl<W: Write> Writer<W> {
         source: AllocSource,
         common: usize,
         new: &[LocationCode],
+        hints: &mut [u16],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
         if always_fits(new.len()) && self.streams[si].cut.is_none() {
-            return self.put_alloc_whole(si, time, length, nsamples, source, common, new, resolve);
+            return self.put_alloc_whole(
+                si, time, length, nsamples, source, common, new, hints, resolve,
+            );
         }
         self.put_alloc_deep(si, time, length, nsamples, source, common, new, resolve)
     }
