@@ -42,6 +42,8 @@ pub struct CacheReader {
     last: Vec<LocationCode>,
     last_len: usize,
     scratch: Vec<LocationCode>,
+    /// When kept ([`CacheReader::keep_slots`]): the entry each frame of `last` came from.
+    slots: Option<Vec<u16>>,
 }
 
 /// The cache's codes (EMPTY where no miss ever filled them) and predictions.
@@ -60,6 +62,7 @@ impl Default for CacheReader {
             last: Vec::new(),
             last_len: 0,
             scratch: Vec::new(),
+            slots: None,
         }
     }
 }
@@ -69,6 +72,22 @@ impl CacheReader {
     #[inline]
     pub fn backtrace(&self) -> &[LocationCode] {
         &self.last[..self.last_len]
+    }
+
+    /// Keep, for every decoded frame, the cache entry it came from (see
+    /// [`CacheReader::slots`]): a writer whose cache is in the same state can check a frame
+    /// there without following predictions.
+    pub fn keep_slots(&mut self, yes: bool) {
+        self.slots = yes.then(|| vec![0; self.last.len()]);
+    }
+
+    /// The cache entry of each frame of [`CacheReader::backtrace`] (empty unless kept).
+    #[inline]
+    pub fn slots(&self) -> &[u16] {
+        match &self.slots {
+            Some(s) => &s[..self.last_len],
+            None => &[],
+        }
     }
 
     /// Decode `nencoded` codewords after `common_prefix` frames of the previous backtrace.
@@ -90,47 +109,60 @@ impl CacheReader {
             pred: table_of(0),
         });
         if common_prefix <= self.last_len as u64 {
-            let r = Self::decode_into(
-                t,
-                c,
-                nencoded,
-                &mut self.last,
-                common_prefix as usize,
-                defined,
-            );
+            let start = common_prefix as usize;
+            if nencoded == 0 {
+                self.last_len = start;
+                return Ok(());
+            }
+            let last = &mut self.last;
+            let r = match &mut self.slots {
+                None => Self::decode_into::<false>(t, c, nencoded, last, None, start, defined),
+                // (out of line: the usual decoding stays small)
+                Some(s) => Self::decode_apart(t, c, nencoded, last, Some(s), start, defined),
+            };
             // on error the backtrace is left as the prefix (the event is not handed out)
             self.last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
             r.map(|_| ())
         } else {
-            Self::decode_aside(t, c, nencoded, &mut self.scratch, defined)
+            // The rare case of a common prefix longer than the previous backtrace: decode
+            // into the scratch room (the cache learns; the backtrace stays as it was).
+            let scratch = &mut self.scratch;
+            Self::decode_apart(t, c, nencoded, scratch, None, 0, defined).map(|_| ())
         }
     }
 
-    /// The rare case of a common prefix longer than the previous backtrace: decode into the
-    /// scratch room (the cache learns; the backtrace stays as it was).
-    #[cold]
+    /// [`CacheReader::decode_into`], out of line.
     #[inline(never)]
-    fn decode_aside(
-        t: &mut ReaderTables,
-        c: &mut Cursor<'_>,
-        nencoded: usize,
-        scratch: &mut Vec<LocationCode>,
-        defined: impl Fn(LocationCode) -> bool,
-    ) -> Result<(), Malformed> {
-        Self::decode_into(t, c, nencoded, scratch, 0, defined).map(|_| ())
-    }
-
-    /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
-    #[inline(always)]
-    fn decode_into(
+    fn decode_apart(
         t: &mut ReaderTables,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
+        entries: Option<&mut Vec<u16>>,
+        start: usize,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<usize, Malformed> {
+        match entries {
+            Some(e) => Self::decode_into::<true>(t, c, nencoded, out, Some(e), start, defined),
+            None => Self::decode_into::<false>(t, c, nencoded, out, None, start, defined),
+        }
+    }
+
+    /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
+    /// With `S`, `entries` (as long as `out`) gets the cache entry of each frame.
+    #[inline(always)]
+    fn decode_into<const S: bool>(
+        t: &mut ReaderTables,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        out: &mut Vec<LocationCode>,
+        entries: Option<&mut Vec<u16>>,
         start: usize,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         const M: usize = CACHE_SIZE - 1;
+        let mut none = Vec::new();
+        let entries = entries.unwrap_or(&mut none);
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
@@ -143,12 +175,20 @@ impl CacheReader {
                     });
                 }
                 out.resize(len + 256 + len / 2, LocationCode(0));
+                if S {
+                    entries.resize(out.len(), 0);
+                }
             }
             let cw = c.u16()?;
             let bucket = (cw >> 2) as usize & M;
             let tag = cw & 3;
             t.pred[pred & M] = bucket as u16;
             let slots = &mut out[len..len + 256];
+            let ents: &mut [u16] = if S {
+                &mut entries[len..len + 256]
+            } else {
+                &mut []
+            };
             if tag == 3 {
                 let lit = ocaml_int(c.u64()?) as u64;
                 if !defined(LocationCode(lit)) {
@@ -156,6 +196,9 @@ impl CacheReader {
                 }
                 t.loc[bucket] = lit;
                 slots[0] = LocationCode(lit);
+                if S {
+                    ents[0] = bucket as u16;
+                }
                 len += 1;
                 pred = bucket;
             } else {
@@ -166,6 +209,9 @@ impl CacheReader {
                 };
                 let mut p = bucket;
                 slots[0] = LocationCode(t.loc[p]);
+                if S {
+                    ents[0] = p as u16;
+                }
                 // An entry no miss filled holds EMPTY. Predictions lead only to entries
                 // checked when they were set, or to entry 0 (the initial prediction): only
                 // the hit itself and, while entry 0 is empty, the predicted frames need
@@ -173,17 +219,23 @@ impl CacheReader {
                 let mut empty = slots[0].0 == EMPTY;
                 if t.loc[0] == EMPTY {
                     let mut acc = 0u64;
-                    for slot in &mut slots[1..=n] {
+                    for (j, slot) in slots[1..=n].iter_mut().enumerate() {
                         p = t.pred[p] as usize & M;
                         let v = t.loc[p];
                         acc |= v ^ (v << 1);
                         *slot = LocationCode(v);
+                        if S {
+                            ents[j + 1] = p as u16;
+                        }
                     }
                     empty |= acc >> 63 != 0;
                 } else {
-                    for slot in &mut slots[1..=n] {
+                    for (j, slot) in slots[1..=n].iter_mut().enumerate() {
                         p = t.pred[p] as usize & M;
                         *slot = LocationCode(t.loc[p]);
+                        if S {
+                            ents[j + 1] = p as u16;
+                        }
                     }
                 }
                 if empty {
@@ -417,6 +469,7 @@ impl CacheWriter {
     /// frame: the entry the frame was in when last encoded (any value will do: hints are
     /// checked, and only save following predictions one after the other, each waiting for
     /// the last). On return each encoded frame's hint is its entry.
+    #[inline(never)]
     pub fn encode_hinted(
         &mut self,
         b: &mut WriteBuf,

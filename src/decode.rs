@@ -39,6 +39,9 @@ pub(crate) struct Batch {
     pub keys: Vec<u128>,
     pub evs: Vec<Ev>,
     pub frames: Vec<LocationCode>,
+    /// The input's cache entry of each frame: hints for the output's encoder, whose cache
+    /// often places a code where the input's did.
+    pub slots: Vec<u16>,
     /// Codes defined by location events, each with the index of the event it precedes.
     pub locs: Vec<(u32, LocationCode, LocationList)>,
     /// The stream has no events after this batch.
@@ -54,6 +57,7 @@ impl Batch {
             evs: Vec::with_capacity(events),
             // (16 new frames an event is plenty but for deep stacks, which grow it)
             frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
+            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             locs: Vec::new(),
             last: false,
         }
@@ -63,6 +67,7 @@ impl Batch {
         self.keys.clear();
         self.evs.clear();
         self.frames.clear();
+        self.slots.clear();
         self.locs.clear();
         self.last = false;
     }
@@ -353,6 +358,7 @@ fn decode_all(
         let reader = match reader {
             Ok(mut r) => {
                 r.set_domain_filter(s.domain);
+                r.set_keep_slots(true);
                 Some(r)
             }
             Err(e) => {
@@ -486,6 +492,7 @@ impl EventSink for Filler<'_> {
         source: AllocSource,
         common_prefix: u64,
         backtrace: &[LocationCode],
+        slots: &[u16],
     ) {
         let keep = if *self.bt_valid {
             (common_prefix as usize).min(backtrace.len())
@@ -495,6 +502,10 @@ impl EventSink for Filler<'_> {
         *self.bt_valid = true;
         let fresh = &backtrace[keep..];
         self.b.frames.extend_from_slice(fresh);
+        match slots.get(keep..backtrace.len()) {
+            Some(s) => self.b.slots.extend_from_slice(s),
+            None => self.b.slots.resize(self.b.frames.len(), 0),
+        }
         self.b.keys.push(order_key(time, 0, 0, 0) | self.key_bits);
         self.b.evs.push(Ev::Alloc {
             id,

@@ -83,6 +83,9 @@ pub struct Alloc<'a> {
     pub common_prefix: u64,
     /// Caller-first (program entry first, allocation site last).
     pub backtrace: &'a [LocationCode],
+    /// The backtrace cache entry of each frame, when the reader keeps them
+    /// ([`crate::Reader::set_keep_slots`]); empty otherwise.
+    pub slots: &'a [u16],
 }
 
 /// An event as read from a trace. Location events are absorbed by the reader.

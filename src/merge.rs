@@ -737,6 +737,10 @@ fn merge_streams(
                     bt.frames.truncate(keep);
                     let f = s.frame_pos;
                     let fresh = &s.batch.frames[f..f + new as usize];
+                    // (the new frames' hints: their entries in the input's cache)
+                    bt.hints.resize(keep, 0);
+                    bt.hints
+                        .extend_from_slice(&s.batch.slots[f..f + new as usize]);
                     if st.remap.is_empty() {
                         bt.frames.extend_from_slice(fresh);
                     } else {
@@ -768,9 +772,6 @@ fn merge_streams(
                         last_written[slot] = Some((i, bts[i].version));
                         let cut_before = w.stats().cut_backtraces;
                         let bt = &mut bts[i];
-                        if bt.hints.len() < bt.frames.len() {
-                            bt.hints.resize(bt.frames.len(), 0);
-                        }
                         let out_id = w.put_alloc_hinted(
                             Timestamp(time),
                             dom,

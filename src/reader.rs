@@ -79,6 +79,7 @@ pub struct Reader<R> {
     /// Codes defined since the last event was handed out.
     new_codes: Vec<crate::event::LocationCode>,
     parse_backtraces: bool,
+    keep_slots: bool,
     only_domain: Option<u16>,
     in_packet: bool,
     done: bool,
@@ -132,6 +133,7 @@ impl<R: Read> Reader<R> {
             locations: LocationTable::default(),
             new_codes: Vec::new(),
             parse_backtraces: true,
+            keep_slots: false,
             only_domain: None,
             in_packet: false,
             done: false,
@@ -147,6 +149,15 @@ impl<R: Read> Reader<R> {
     /// per-packet cache verifier is not checked).
     pub fn set_parse_backtraces(&mut self, yes: bool) {
         self.parse_backtraces = yes;
+    }
+
+    /// Also lend, with each allocation, the backtrace cache entry of each of its frames
+    /// ([`Alloc::slots`]): hints for a writer whose cache is in the same state (a copy).
+    pub fn set_keep_slots(&mut self, yes: bool) {
+        self.keep_slots = yes;
+        for d in &mut self.domains {
+            d.cache.keep_slots(yes);
+        }
     }
 
     /// The input this reader reads from.
@@ -344,6 +355,7 @@ impl<R: Read> Reader<R> {
             last_time: self.info.start_time.0,
             ..Default::default()
         });
+        self.domains[i].cache.keep_slots(self.keep_slots);
         self.domain_index.insert(d, i);
         i
     }
@@ -532,6 +544,16 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// The cache entries of [`Reader::current_backtrace`] (empty unless kept).
+    #[inline(always)]
+    fn current_slots(&self) -> &[u16] {
+        if self.parse_backtraces {
+            self.domains[self.cur].cache.slots()
+        } else {
+            &[]
+        }
+    }
+
     /// Read up to `max` events into `sink` (with the codes location events define, each
     /// before the first event after it), fewer if the sink says it is full: the batch form
     /// of [`Reader::next_full`], for consumers that copy what they need. Ok(false) once the
@@ -565,7 +587,8 @@ impl<R: Read> Reader<R> {
                     self.stats.allocs += 1;
                     n += 1;
                     let bt = self.current_backtrace();
-                    sink.alloc(time, id, length, nsamples, source, common_prefix, bt);
+                    let slots = self.current_slots();
+                    sink.alloc(time, id, length, nsamples, source, common_prefix, bt, slots);
                     if sink.full() {
                         break;
                     }
@@ -636,6 +659,7 @@ impl<R: Read> Reader<R> {
                 source,
                 common_prefix,
                 backtrace: self.current_backtrace(),
+                slots: self.current_slots(),
             }),
             Pending::Promote { time, id } => Event::Promote {
                 time: Timestamp(time),
@@ -668,6 +692,7 @@ pub trait EventSink {
         source: AllocSource,
         common_prefix: u64,
         backtrace: &[LocationCode],
+        slots: &[u16],
     );
     fn promote(&mut self, time: u64, id: u64);
     fn collect(&mut self, time: u64, id: u64);
