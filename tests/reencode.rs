@@ -9,7 +9,8 @@ mod common;
 
 use common::*;
 use memtrace_merge::{
-    copy::copy, DomainId, Error, Malformed, Reader, TraceInfo, Writer, WriterOptions,
+    copy::{copy, copy_reading_ahead},
+    DomainId, Error, Malformed, Reader, TraceInfo, Writer, WriterOptions,
 };
 use std::path::{Path, PathBuf};
 
@@ -20,16 +21,35 @@ fn opts(version: u16) -> WriterOptions {
     }
 }
 
-/// Re-encode the bytes of a trace in `version` (None: the input's).
+/// Re-encode the bytes of a trace in `version` (None: the input's), both ways: reading
+/// ahead on another thread only where backtraces are deep (`copy`), and always; the two
+/// must agree (same bytes and warnings, or the same error).
 fn reencode(
     bytes: &[u8],
     name: &str,
     version: Option<u16>,
 ) -> memtrace_merge::Result<(Vec<u8>, Vec<String>)> {
-    let mut r = Reader::new(bytes, name)?;
-    let v = version.unwrap_or(r.info().version.max(2));
-    let (out, _stats, warnings) = copy(&mut r, Vec::new(), opts(v))?;
-    Ok((out, warnings.into_iter().map(|w| w.to_string()).collect()))
+    let each = |ahead: bool| -> memtrace_merge::Result<(Vec<u8>, Vec<String>)> {
+        let mut r = Reader::new(bytes, name)?;
+        let v = version.unwrap_or(r.info().version.max(2));
+        let (out, _stats, warnings) = if ahead {
+            copy_reading_ahead(&mut r, Vec::new(), opts(v))?
+        } else {
+            copy(&mut r, Vec::new(), opts(v))?
+        };
+        Ok((out, warnings.into_iter().map(|w| w.to_string()).collect()))
+    };
+    let (a, b) = (each(false), each(true));
+    match (&a, &b) {
+        (Ok(x), Ok(y)) => assert!(x == y, "{name}: reading ahead changed the copy"),
+        (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{name}"),
+        _ => panic!(
+            "{name}: copy gave {:?}, reading ahead {:?}",
+            a.err(),
+            b.err()
+        ),
+    }
+    a
 }
 
 fn read(path: &Path) -> Vec<u8> {
@@ -349,6 +369,85 @@ fn v3_time_ordered_multidomain_to_v2_fails_or_keeps_objects() {
             let mut a = Reader::new(&bytes[..], "two-domains").unwrap();
             let mut b = Reader::new(&out[..], "two-domains as v2").unwrap();
             assert_same_events(&mut a, &mut b, true);
+        }
+    }
+}
+
+/// The copy reads ahead on another thread: it must fail exactly when reading fails, with
+/// the reader's error (file, offset, what), after as many batches as precede it. Bytes of
+/// a multi-batch trace are damaged one at a time; reading alone says what is expected.
+#[test]
+fn copy_fails_exactly_where_reading_fails() {
+    let path = data_dir().join("fork").join("child-3.ctf");
+    let input = read(&path);
+    let (mut failed, mut copied) = (0, 0);
+    for k in 0..200usize {
+        let mut bytes = input.clone();
+        // past the info packet, spread over the file (many batches of events in)
+        let at = 4096 + k * (bytes.len() - 4096) / 200;
+        bytes[at] ^= 0x5a;
+        let name = format!("child-3 with byte {at} damaged");
+        let want = (|| -> memtrace_merge::Result<Vec<String>> {
+            let mut r = Reader::new(&bytes[..], &name)?;
+            while r.next_event()?.is_some() {}
+            Ok(r.warnings().iter().map(|w| w.to_string()).collect())
+        })();
+        let got = reencode(&bytes, &name, None);
+        match (want, got) {
+            (Ok(a), Ok((_, b))) => {
+                assert_eq!(a, b, "{name}");
+                copied += 1;
+            }
+            (Err(a), Err(b)) => {
+                assert_eq!(a.to_string(), b.to_string(), "{name}");
+                failed += 1;
+            }
+            (a, b) => panic!("{name}: reading gave {:?}, copying {:?}", a.err(), b.err()),
+        }
+    }
+    // (the damage must have hit both outcomes often enough to tell)
+    assert!(
+        failed > 20 && copied > 20,
+        "failed {failed}, copied {copied}"
+    );
+}
+
+/// A writer that fails after `room` bytes.
+struct FailingOutput {
+    room: usize,
+}
+
+impl std::io::Write for FailingOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if b.len() > self.room {
+            return Err(std::io::Error::other("disk full (test)"));
+        }
+        self.room -= b.len();
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// When the output fails the copy stops with that error (the thread reading ahead stops
+/// too: the test would hang otherwise), early or late in the trace.
+#[test]
+fn copy_stops_when_the_output_fails() {
+    let input = read(&data_dir().join("fork").join("parent.ctf"));
+    for room in [0, 100, 70_000, input.len() / 2, input.len() - 10] {
+        for ahead in [false, true] {
+            let mut r = Reader::new(&input[..], "parent.ctf").unwrap();
+            let out = FailingOutput { room };
+            let got = if ahead {
+                copy_reading_ahead(&mut r, out, opts(2))
+            } else {
+                copy(&mut r, out, opts(2))
+            };
+            match got {
+                Ok(_) => panic!("room {room}: copy succeeded"),
+                Err(e) => assert!(e.to_string().contains("disk full (test)"), "{room}: {e}"),
+            }
         }
     }
 }
