@@ -9,8 +9,9 @@ use crate::writer::{WriteStats, Writer, WriterOptions};
 use std::io::{Read, Write};
 
 /// Read every event of `reader` and write it again with the same trace info.
-/// With `opts.version` equal to the input's format, the output reproduces the input; the
-/// reading is then done on a thread of its own, ahead of the writing.
+/// With `opts.version` equal to the input's format, the output reproduces the input; where
+/// its backtraces are deep, the reading then goes on ahead of the writing on a thread of
+/// its own.
 pub fn copy<R: Read + Send, W: Write>(
     reader: &mut Reader<R>,
     out: W,
