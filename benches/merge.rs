@@ -3,7 +3,8 @@
 //! twice as long to show memory stays flat. Each merge runs the release CLI as a child under
 //! `/usr/bin/time` for its peak RSS, into an output that does not exist yet (as a first
 //! merge does; replacing a file costs the file system a flush). Times are the median and
-//! the best of several runs: this machine's timings vary by ±15% from run to run.
+//! the best of several runs after an untimed one: this machine's timings vary by ±15% from
+//! run to run, more from hour to hour.
 //!
 //! Ratios are against the OCaml merge: the times given to the project (0.9 s on fork/,
 //! 33 s on its 100 MB set), and, when `MEMTRACE_OCAML_MERGE` names a build of the
@@ -220,7 +221,8 @@ fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
     (secs, rss)
 }
 
-/// Times of `n` runs: (median, best) seconds, and the largest peak RSS.
+/// Times of `n` runs after one untimed run (which brings the inputs into the page cache,
+/// as they are for the runs after it): (median, best) seconds, and the largest peak RSS.
 struct Timed {
     median: f64,
     best: f64,
@@ -230,6 +232,7 @@ struct Timed {
 fn timed(n: usize, mut run: impl FnMut() -> (f64, Option<u64>)) -> Timed {
     let mut times = Vec::new();
     let mut rss = None;
+    run();
     for _ in 0..n {
         let (s, r) = run();
         times.push(s);
@@ -329,7 +332,7 @@ fn main() {
         );
         let gen = t0.elapsed().as_secs_f64();
         let ev = events_of(&set);
-        let t = timed(5, || run_merge(&set, &out));
+        let t = timed(7, || run_merge(&set, &out));
         let s = t.median;
         let rss = t.rss;
         // (the OCaml merge holds every event in memory: timed once, on the first set only)
