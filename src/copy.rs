@@ -306,7 +306,9 @@ fn read_ahead<R: Read + Send, W: Write>(
                 }
             }
         }
+        // (whatever the reading thread waits on, it now fails and ends)
         drop(full_rx);
+        drop(free_tx);
         if ahead.join().is_err() {
             result = Err(Error::Write(
                 "internal error: the reading thread panicked".into(),
