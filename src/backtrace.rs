@@ -468,7 +468,8 @@ impl CacheWriter {
     /// [`CacheWriter::encode`] (no journal, no recursion shortcut) with `hints`, one per
     /// frame: the entry the frame was in when last encoded (any value will do: hints are
     /// checked, and only save following predictions one after the other, each waiting for
-    /// the last). On return each encoded frame's hint is its entry.
+    /// the last). On return each encoded frame's hint is its entry (in its low 14 bits).
+    /// With fewer hints than frames, this is [`CacheWriter::encode`].
     #[inline(never)]
     pub fn encode_hinted(
         &mut self,
@@ -479,7 +480,9 @@ impl CacheWriter {
         limit: usize,
         on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
-        debug_assert!(hints.len() >= frames.len());
+        if hints.len() < frames.len() {
+            return self.encode::<false>(b, alloc_id, frames, limit, None, on_miss);
+        }
         let mut none = Journal::default();
         self.encode_with::<false, false, true>(
             b, alloc_id, frames, hints, limit, &mut none, on_miss,

@@ -7,17 +7,34 @@ use crate::location::{LocationList, LocationTable};
 use crate::reader::{Reader, Warning};
 use crate::writer::{WriteStats, Writer, WriterOptions};
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Read every event of `reader` and write it again with the same trace info.
 /// With `opts.version` equal to the input's format, the output reproduces the input; where
 /// its backtraces are deep, the reading then goes on ahead of the writing on a thread of
-/// its own.
+/// its own (hence `Send`; [`copy_on_one_thread`] takes any reader). After an error, where
+/// the reader stands is unspecified.
 pub fn copy<R: Read + Send, W: Write>(
     reader: &mut Reader<R>,
     out: W,
     opts: WriterOptions,
 ) -> Result<(W, WriteStats, Vec<Warning>)> {
-    copy_named(reader, out, opts, std::path::Path::new("<output>"), true)
+    let path = std::path::Path::new("<output>");
+    copy_named(reader, out, opts, path, |r, w| copy_same_layout(r, w, true))
+}
+
+/// [`copy`] on the calling thread only.
+pub fn copy_on_one_thread<R: Read, W: Write>(
+    reader: &mut Reader<R>,
+    out: W,
+    opts: WriterOptions,
+) -> Result<(W, WriteStats, Vec<Warning>)> {
+    let path = std::path::Path::new("<output>");
+    copy_named(reader, out, opts, path, |r, w| {
+        let mut warnings = Vec::new();
+        copy_in_turn(r, w, &mut warnings, |_, _| true)?;
+        Ok(warnings)
+    })
 }
 
 /// [`copy`] reading ahead on another thread from the first event, however shallow the
@@ -28,16 +45,20 @@ pub fn copy_reading_ahead<R: Read + Send, W: Write>(
     out: W,
     opts: WriterOptions,
 ) -> Result<(W, WriteStats, Vec<Warning>)> {
-    copy_named(reader, out, opts, std::path::Path::new("<output>"), false)
+    let path = std::path::Path::new("<output>");
+    copy_named(reader, out, opts, path, |r, w| {
+        copy_same_layout(r, w, false)
+    })
 }
 
-/// [`copy`], naming `path` in output errors; `probe`: see [`copy_same_layout`].
-fn copy_named<R: Read + Send, W: Write>(
+/// [`copy`], naming `path` in output errors, with `same_layout` copying when the format's
+/// id layout is kept.
+fn copy_named<R: Read, W: Write>(
     reader: &mut Reader<R>,
     out: W,
     opts: WriterOptions,
     path: &std::path::Path,
-    probe: bool,
+    same_layout: impl FnOnce(&mut Reader<R>, &mut Writer<W>) -> Result<Vec<Warning>>,
 ) -> Result<(W, WriteStats, Vec<Warning>)> {
     let mut info = reader.info().clone();
     if opts.version < 3 {
@@ -47,7 +68,7 @@ fn copy_named<R: Read + Send, W: Write>(
     w.set_output_path(path);
     let v2_out = opts.version < 3;
     let warnings = if v2_out == (reader.info().version < 3) {
-        copy_same_layout(reader, &mut w, probe)?
+        same_layout(reader, &mut w)?
     } else {
         convert(reader, &mut w, v2_out)?
     };
@@ -105,8 +126,12 @@ impl Batch {
 }
 
 /// Fill `b` with up to [`BATCH`] events; sets `b.end` at the end of the trace or on error.
-fn read_batch<R: Read>(reader: &mut Reader<R>, b: &mut Batch) {
+/// `stop`: the writing side has stopped, so should the reading.
+fn read_batch<R: Read>(reader: &mut Reader<R>, b: &mut Batch, stop: &AtomicBool) {
     while b.items.len() < BATCH && b.frames.len() < BATCH_FRAMES {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let (ev, table, defined) = match reader.next_full() {
             Ok(Some(e)) => e,
             Ok(None) => {
@@ -167,13 +192,36 @@ fn copy_same_layout<R: Read + Send, W: Write>(
     w: &mut Writer<W>,
     probe: bool,
 ) -> Result<Vec<Warning>> {
-    let v2 = w.version() < 3;
     let mut warnings = Vec::new();
+    let shallow = |events, frames| events < PROBE_EVENTS || frames < DEEP * events;
+    if probe && copy_in_turn(reader, w, &mut warnings, shallow)? {
+        return Ok(warnings);
+    }
+    reader.set_keep_slots(true);
+    let to = Output {
+        table: reader.locations().clone(),
+        warnings,
+        v2: w.version() < 3,
+    };
+    let copied = read_ahead(reader, w, to);
+    reader.set_keep_slots(false);
+    copied
+}
+
+/// Copy events on this thread, reading and writing each in turn, while `go_on(events,
+/// new frames)` (counted from the start); Ok(true) once the trace has ended.
+fn copy_in_turn<R: Read, W: Write>(
+    reader: &mut Reader<R>,
+    w: &mut Writer<W>,
+    warnings: &mut Vec<Warning>,
+    go_on: impl Fn(usize, usize) -> bool,
+) -> Result<bool> {
+    let v2 = w.version() < 3;
     let (mut events, mut frames) = (0, 0);
-    while probe && (events < PROBE_EVENTS || frames < DEEP * events) {
+    while go_on(events, frames) {
         let Some((ev, table)) = reader.next_with_locations()? else {
             warnings.extend(reader.take_warnings());
-            return Ok(warnings);
+            return Ok(true);
         };
         events += 1;
         let dom = if v2 { DomainId(0) } else { ev.domain() };
@@ -197,13 +245,7 @@ fn copy_same_layout<R: Read + Send, W: Write>(
             warnings.extend(reader.take_warnings());
         }
     }
-    reader.set_keep_slots(true);
-    let to = Output {
-        table: reader.locations().clone(),
-        warnings,
-        v2,
-    };
-    read_ahead(reader, w, to)
+    Ok(false)
 }
 
 /// A copy keeps every allocation's id.
@@ -252,6 +294,11 @@ impl Output {
         b.frames.clear();
         b.slots.clear();
         b.locs.clear();
+        // (a batch that held a huge backtrace gives its room back)
+        if b.frames.capacity() > 4 * BATCH_FRAMES {
+            b.frames = Vec::with_capacity(BATCH_FRAMES);
+            b.slots = Vec::with_capacity(BATCH_FRAMES);
+        }
         Ok(false)
     }
 }
@@ -264,6 +311,7 @@ fn read_ahead<R: Read + Send, W: Write>(
 ) -> Result<Vec<Warning>> {
     use std::sync::mpsc;
     let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(AHEAD);
+    let stop = &AtomicBool::new(false);
     let (free_tx, free_rx) = mpsc::channel::<Batch>();
     std::thread::scope(|sc| {
         let ahead = std::thread::Builder::new()
@@ -284,7 +332,7 @@ fn read_ahead<R: Read + Send, W: Write>(
                             Err(_) => break,
                         },
                     };
-                    read_batch(reader, &mut b);
+                    read_batch(reader, &mut b, stop);
                     let end = b.end.is_some();
                     // (the writer stopped: so do we)
                     if full_tx.send(b).is_err() || end {
@@ -306,7 +354,8 @@ fn read_ahead<R: Read + Send, W: Write>(
                 }
             }
         }
-        // (whatever the reading thread waits on, it now fails and ends)
+        // (the reading thread stops reading, and whatever it waits on now fails)
+        stop.store(true, Ordering::Relaxed);
         drop(full_rx);
         drop(free_tx);
         if ahead.join().is_err() {
@@ -435,7 +484,9 @@ pub fn copy_file(
         version,
         lossless: false,
     };
-    let (out, stats, warnings) = copy_named(&mut r, out, opts, output, true)?;
+    let (out, stats, warnings) = copy_named(&mut r, out, opts, output, |r, w| {
+        copy_same_layout(r, w, true)
+    })?;
     let f = out
         .into_inner()
         .map_err(|e| Error::io(output, "write", e.into_error()))?;

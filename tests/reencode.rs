@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use memtrace_merge::{
-    copy::{copy, copy_reading_ahead},
+    copy::{copy, copy_on_one_thread, copy_reading_ahead},
     DomainId, Error, Malformed, Reader, TraceInfo, Writer, WriterOptions,
 };
 use std::path::{Path, PathBuf};
@@ -49,7 +49,32 @@ fn reencode(
             b.err()
         ),
     }
+    // and on one thread, from a reader that cannot go to another (`Rc` is not `Send`)
+    let one = (|| -> memtrace_merge::Result<(Vec<u8>, Vec<String>)> {
+        let mut r = Reader::new(NotSend(bytes, std::marker::PhantomData), name)?;
+        let v = version.unwrap_or(r.info().version.max(2));
+        let (out, _stats, warnings) = copy_on_one_thread(&mut r, Vec::new(), opts(v))?;
+        Ok((out, warnings.into_iter().map(|w| w.to_string()).collect()))
+    })();
+    match (&a, &one) {
+        (Ok(x), Ok(y)) => assert!(x == y, "{name}: one thread changed the copy"),
+        (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{name}"),
+        _ => panic!(
+            "{name}: copy gave {:?}, one thread {:?}",
+            a.err(),
+            one.err()
+        ),
+    }
     a
+}
+
+/// A reader of bytes that may not move to another thread.
+struct NotSend<'a>(&'a [u8], std::marker::PhantomData<std::rc::Rc<()>>);
+
+impl std::io::Read for NotSend<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
 }
 
 fn read(path: &Path) -> Vec<u8> {
@@ -447,6 +472,13 @@ fn copy_stops_when_the_output_fails() {
             match got {
                 Ok(_) => panic!("room {room}: copy succeeded"),
                 Err(e) => assert!(e.to_string().contains("disk full (test)"), "{room}: {e}"),
+            }
+            // (the reader is left as it was set: lending no cache entries)
+            while let Some(e) = r.next_event().unwrap() {
+                if let memtrace_merge::Event::Alloc(a) = e {
+                    assert!(a.slots.is_empty(), "room {room}");
+                    break;
+                }
             }
         }
     }
