@@ -26,11 +26,28 @@ pub fn buckets(code: LocationCode) -> (usize, usize) {
     (h1 as usize, h2 as usize)
 }
 
-/// Whether any frame is EMPTY: codes are OCaml ints, whose top two bits are equal, while
-/// EMPTY's differ (the decoder folds the same test into its copying loop).
+/// A value whose top bit is set for EMPTY and for no code: codes are OCaml ints, whose
+/// top two bits are equal, while EMPTY's differ. (The decoder ORs it over the frames it
+/// copies and looks at the top bit once.)
+#[inline(always)]
+fn not_a_code(v: u64) -> u64 {
+    v ^ (v << 1)
+}
+
+/// Whether any frame is EMPTY.
 #[cfg(test)]
 fn any_empty(frames: &[LocationCode]) -> bool {
-    frames.iter().fold(0u64, |a, v| a | (v.0 ^ (v.0 << 1))) >> 63 != 0
+    frames.iter().fold(0u64, |a, v| a | not_a_code(v.0)) >> 63 != 0
+}
+
+/// Append to `hints` the cache entries `slots[from..to]` that a reader lent with a
+/// backtrace, or as many zeros (no hint) when it kept none: `hints` grows with the frames
+/// appended beside it.
+pub(crate) fn push_slots(hints: &mut Vec<u16>, slots: &[u16], from: usize, to: usize) {
+    match slots.get(from..to) {
+        Some(s) => hints.extend_from_slice(s),
+        None => hints.resize(hints.len() + (to - from), 0),
+    }
 }
 
 /// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
@@ -116,7 +133,15 @@ impl CacheReader {
             }
             let last = &mut self.last;
             let r = match &mut self.slots {
-                None => Self::decode_into::<false>(t, c, nencoded, last, None, start, defined),
+                None => Self::decode_into::<false>(
+                    t,
+                    c,
+                    nencoded,
+                    last,
+                    &mut Vec::new(),
+                    start,
+                    defined,
+                ),
                 // (out of line: the usual decoding stays small)
                 Some(s) => Self::decode_apart(t, c, nencoded, last, Some(s), start, defined),
             };
@@ -143,26 +168,27 @@ impl CacheReader {
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         match entries {
-            Some(e) => Self::decode_into::<true>(t, c, nencoded, out, Some(e), start, defined),
-            None => Self::decode_into::<false>(t, c, nencoded, out, None, start, defined),
+            Some(e) => Self::decode_into::<true>(t, c, nencoded, out, e, start, defined),
+            None => {
+                Self::decode_into::<false>(t, c, nencoded, out, &mut Vec::new(), start, defined)
+            }
         }
     }
 
     /// Decode into `out[start..]` (growing it as needed, never shrinking); the new length.
-    /// With `S`, `entries` (as long as `out`) gets the cache entry of each frame.
+    /// With `S`, `entries` (as long as `out`) gets the cache entry of each frame (without,
+    /// it is left alone).
     #[inline(always)]
     fn decode_into<const S: bool>(
         t: &mut ReaderTables,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
-        entries: Option<&mut Vec<u16>>,
+        entries: &mut Vec<u16>,
         start: usize,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         const M: usize = CACHE_SIZE - 1;
-        let mut none = Vec::new();
-        let entries = entries.unwrap_or(&mut none);
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
@@ -222,7 +248,7 @@ impl CacheReader {
                     for (j, slot) in slots[1..=n].iter_mut().enumerate() {
                         p = t.pred[p] as usize & M;
                         let v = t.loc[p];
-                        acc |= v ^ (v << 1);
+                        acc |= not_a_code(v);
                         *slot = LocationCode(v);
                         if S {
                             ents[j + 1] = p as u16;
@@ -439,6 +465,7 @@ impl CacheWriter {
         journal: Option<&mut Journal>,
         on_miss: impl FnMut(usize),
     ) -> (usize, usize) {
+        let mut none = Journal::default();
         match journal {
             Some(j) => self.encode_with::<true, LONG, false>(
                 b,
@@ -449,19 +476,15 @@ impl CacheWriter {
                 j,
                 on_miss,
             ),
-            None => {
-                let mut none = Journal::default();
-                let j = &mut none;
-                self.encode_with::<false, LONG, false>(
-                    b,
-                    alloc_id,
-                    frames,
-                    &mut [],
-                    limit,
-                    j,
-                    on_miss,
-                )
-            }
+            None => self.encode_with::<false, LONG, false>(
+                b,
+                alloc_id,
+                frames,
+                &mut [],
+                limit,
+                &mut none,
+                on_miss,
+            ),
         }
     }
 

@@ -157,10 +157,7 @@ fn read_batch<R: Read>(reader: &mut Reader<R>, b: &mut Batch, stop: &AtomicBool)
                 let common = (a.common_prefix as usize).min(a.backtrace.len());
                 let new = &a.backtrace[common..];
                 b.frames.extend_from_slice(new);
-                match a.slots.get(common..a.backtrace.len()) {
-                    Some(s) => b.slots.extend_from_slice(s),
-                    None => b.slots.resize(b.frames.len(), 0),
-                }
+                crate::backtrace::push_slots(&mut b.slots, a.slots, common, a.backtrace.len());
                 Item::Alloc {
                     time: a.time,
                     domain: a.domain,

@@ -502,10 +502,7 @@ impl EventSink for Filler<'_> {
         *self.bt_valid = true;
         let fresh = &backtrace[keep..];
         self.b.frames.extend_from_slice(fresh);
-        match slots.get(keep..backtrace.len()) {
-            Some(s) => self.b.slots.extend_from_slice(s),
-            None => self.b.slots.resize(self.b.frames.len(), 0),
-        }
+        crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
         self.b.keys.push(order_key(time, 0, 0, 0) | self.key_bits);
         self.b.evs.push(Ev::Alloc {
             id,
