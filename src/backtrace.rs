@@ -370,7 +370,7 @@ impl CacheWriter {
     }
 
     #[inline(always)]
-    fn put_hit(b: &mut WriteBuf, bucket: usize, ncorrect: usize) {
+    pub(crate) fn put_hit(b: &mut WriteBuf, bucket: usize, ncorrect: usize) {
         match ncorrect {
             0 => b.u16((bucket << 2) as u16),
             1 => b.u16(((bucket << 2) | 1) as u16),
@@ -379,6 +379,19 @@ impl CacheWriter {
                 b.u8(n as u8)
             }
         }
+    }
+
+    /// The tables, to encode in a share of them ([`crate::share::Share`]): codes, dates of
+    /// last use, predictions.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn tables(
+        &mut self,
+    ) -> (
+        &mut [u64; CACHE_SIZE],
+        &mut [i64; CACHE_SIZE],
+        &mut [u16; CACHE_SIZE],
+    ) {
+        (&mut *self.cache, &mut *self.date, &mut *self.next)
     }
 
     /// Follow the predictions from `predictor` while they give `frames[pos..end]`: the
@@ -488,10 +501,10 @@ impl CacheWriter {
         }
     }
 
-    /// [`CacheWriter::encode`] (no journal, no recursion shortcut) with `hints`, one per
-    /// frame: the entry the frame was in when last encoded (any value will do: hints are
-    /// checked, and only save following predictions one after the other, each waiting for
-    /// the last). On return each encoded frame's hint is its entry (in its low 14 bits).
+    /// [`CacheWriter::encode`] (no journal; with the recursion shortcut) with `hints`, one
+    /// per frame: the entry the frame was in when last encoded (any value will do: hints
+    /// are checked, and only save following predictions one after the other, each waiting
+    /// for the last). On return each encoded frame's hint is its entry (in its low 14 bits).
     /// With fewer hints than frames, this is [`CacheWriter::encode`].
     #[inline(never)]
     pub fn encode_hinted(
@@ -507,9 +520,7 @@ impl CacheWriter {
             return self.encode::<false>(b, alloc_id, frames, limit, None, on_miss);
         }
         let mut none = Journal::default();
-        self.encode_with::<false, false, true>(
-            b, alloc_id, frames, hints, limit, &mut none, on_miss,
-        )
+        self.encode_with::<false, true, true>(b, alloc_id, frames, hints, limit, &mut none, on_miss)
     }
 
     /// [`CacheWriter::follow`] with hints: while each frame's hint is the entry the one
@@ -635,8 +646,20 @@ impl CacheWriter {
                     Self::follow(frames, pos, first, &mut predictor, cache, next)
                 };
                 if R && pos == first && pos < end {
+                    let from = pos;
                     pos = Self::skip_recursion(frames, pos, end, &mut predictor, next);
-                    pos = Self::follow(frames, pos, end, &mut predictor, cache, next);
+                    if H {
+                        // the entries of a run of recursion repeat as its frames do
+                        for j in from..pos {
+                            let back = if frames[j] == frames[j - 1] { 1 } else { 2 };
+                            hints[j] = hints[j - back];
+                        }
+                    }
+                    pos = if H {
+                        Self::follow_hinted(frames, hints, pos, end, &mut predictor, cache, next)
+                    } else {
+                        Self::follow(frames, pos, end, &mut predictor, cache, next)
+                    };
                 }
                 Self::put_hit(b, orig, pos - start);
                 if pos == n {
@@ -784,6 +807,9 @@ mod tests {
             vec![0i64; CACHE_SIZE],
             vec![0u16; CACHE_SIZE],
         );
+        // (and a hinted encoder, its hints kept between backtraces)
+        let mut h = CacheWriter::default();
+        let mut hints: Vec<u16> = Vec::new();
         let mut bt: Vec<LocationCode> = Vec::new();
         for id in 0..3000i64 {
             bt.truncate(rnd(bt.len() as u64 + 1) as usize);
@@ -809,6 +835,13 @@ mod tests {
             assert_eq!(done, bt.len());
             let want = reference_encode(&mut cache, &mut date, &mut next, id, &bt);
             assert_eq!(b.bytes(), &want[..], "backtrace {id}");
+            hints.resize(bt.len(), 0);
+            let mut hb = WriteBuf::default();
+            h.encode_hinted(&mut hb, id, &bt, &mut hints, usize::MAX, |_| {});
+            assert_eq!(hb.bytes(), &want[..], "backtrace {id}, hinted");
+            for (k, &e) in hints.iter().enumerate() {
+                assert_eq!(h.cache[e as usize & (CACHE_SIZE - 1)], bt[k].0, "hint {k}");
+            }
             // and they decode back (until code 0 comes in, at 1500, which the reference
             // encodes as hits on entries no miss filled, and which this reader refuses)
             if id < 1500 {

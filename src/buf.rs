@@ -199,6 +199,15 @@ impl WriteBuf {
         }
     }
     /// A string up to its first NUL, then a NUL (as OCaml's `put_string`).
+    /// Append bytes as they are.
+    pub fn extend(&mut self, s: &[u8]) {
+        if self.len + s.len() > self.buf.len() {
+            self.grow(s.len());
+        }
+        self.buf[self.len..self.len + s.len()].copy_from_slice(s);
+        self.len += s.len();
+    }
+
     pub fn string(&mut self, s: &[u8]) {
         let n = s.iter().position(|&b| b == 0).unwrap_or(s.len());
         if self.len + n + 1 > self.buf.len() {

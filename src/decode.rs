@@ -1,11 +1,14 @@
 //! Decoding the merge's inputs ahead of it on worker threads: each stream (an input, or one
 //! domain of a format-3 input) is read into batches of events and the locations they define.
 
+use crate::backtrace::CacheWriter;
+use crate::buf::WriteBuf;
 use crate::event::{AllocSource, LocationCode};
 use crate::input::FilePool;
 use crate::location::LocationList;
 use crate::merge::Warnings;
 use crate::reader::{EventSink, Reader};
+use crate::share::{Share, ShareOf};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -13,7 +16,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// One event of a batch. An allocation's backtrace is the previous allocation's (of the
-/// same stream) first `keep` frames followed by `new` frames from the batch's frame list.
+/// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
+/// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
+/// `enc`, for `new` frames.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
     Alloc {
@@ -44,6 +49,11 @@ pub(crate) struct Batch {
     pub slots: Vec<u16>,
     /// Codes defined by location events, each with the index of the event it precedes.
     pub locs: Vec<(u32, LocationCode, LocationList)>,
+    /// A stream encoded ahead: each allocation's codewords after their length (a u32, its
+    /// top bit set when the backtrace had to be cut to fit a packet).
+    pub enc: WriteBuf,
+    /// Where in `enc` a code is sent whole (a miss), and the code.
+    pub misses: Vec<(u32, LocationCode)>,
     /// The stream has no events after this batch.
     pub last: bool,
 }
@@ -59,6 +69,8 @@ impl Batch {
             frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             locs: Vec::new(),
+            enc: WriteBuf::with_capacity(0),
+            misses: Vec::new(),
             last: false,
         }
     }
@@ -69,6 +81,8 @@ impl Batch {
         self.frames.clear();
         self.slots.clear();
         self.locs.clear();
+        self.enc.clear();
+        self.misses.clear();
         self.last = false;
     }
 }
@@ -80,6 +94,8 @@ pub(crate) struct StreamSpec {
     pub domain: Option<u16>,
     /// The file's size: streams are shared out among the threads by it.
     pub size: u64,
+    /// Encode each backtrace whole, in this share of the output domain's cache.
+    pub share: Option<ShareOf>,
 }
 
 /// What the decoder learned about each input.
@@ -88,6 +104,10 @@ pub(crate) struct DecodeReport {
     pub warnings: Warnings,
     pub skipped_packets: u64,
 }
+
+/// The room one encoding made ahead may take: a packet's, but for its header and the
+/// allocation's fields.
+pub(crate) const ENCODING_ROOM: usize = crate::packet::MAX_PACKET_SIZE - 512;
 
 /// A stream's decoded batches, and whether the consumer sleeps waiting for one (only then
 /// is it signalled: a condvar signal is a system call even when nobody waits).
@@ -324,6 +344,9 @@ struct DecState {
     reader: Option<Reader<crate::input::LazyFile>>,
     input: usize,
     bt_valid: bool,
+    /// The stream's share of the output cache, and its allocations so far, when encoded
+    /// ahead.
+    share: Option<(Share, i64)>,
     done: bool,
     /// no batch filled yet (the first is small, so that the merge starts sooner)
     first: bool,
@@ -343,6 +366,8 @@ fn decode_all(
     let pool = FilePool::from_rlimit_share(nworkers);
     let batch_events = (131_072 / sh.queues.len().max(1)).clamp(64, BATCH_EVENTS);
     let mut st: Vec<DecState> = Vec::with_capacity(specs.len());
+    // the output cache as this thread's streams encoded ahead leave it (each in its share)
+    let mut tables = CacheWriter::default();
     for (index, s) in specs {
         let slot = match reports.iter().position(|(k, _)| *k == s.input) {
             Some(p) => p,
@@ -373,6 +398,7 @@ fn decode_all(
             reader,
             input: slot,
             bt_valid: false,
+            share: s.share.map(|of| (Share::new(of), 0)),
             done: false,
             first: true,
             counted: 0,
@@ -422,7 +448,7 @@ fn decode_all(
                 batch_events
             };
             s.first = false;
-            fill(s, &mut b, n, rep);
+            fill(s, &mut b, n, rep, &mut tables);
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
                 sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -472,6 +498,7 @@ struct Filler<'a> {
     b: &'a mut Batch,
     key_bits: u128,
     bt_valid: &'a mut bool,
+    share: Option<(&'a mut (Share, i64), &'a mut CacheWriter)>,
 }
 
 impl EventSink for Filler<'_> {
@@ -500,17 +527,40 @@ impl EventSink for Filler<'_> {
             0
         };
         *self.bt_valid = true;
-        let fresh = &backtrace[keep..];
-        self.b.frames.extend_from_slice(fresh);
-        crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
+        // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
+        let (first, second) = if let Some(((share, ids), tables)) = &mut self.share {
+            let enc = &mut self.b.enc;
+            let head = enc.len();
+            enc.u32(0);
+            let misses = &mut self.b.misses;
+            *ids += 1;
+            let (ncodes, done) = share.encode(
+                tables,
+                enc,
+                *ids,
+                backtrace,
+                slots,
+                keep,
+                head + 4 + ENCODING_ROOM,
+                |i, at| misses.push((at as u32, backtrace[i])),
+            );
+            let len = enc.len() - head - 4;
+            let cut = if done < backtrace.len() { 1 << 31 } else { 0 };
+            enc.set_u32(head, len as u32 | cut);
+            (ncodes, done)
+        } else {
+            self.b.frames.extend_from_slice(&backtrace[keep..]);
+            crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
+            (keep, backtrace.len() - keep)
+        };
         self.b.keys.push(order_key(time, 0, 0, 0) | self.key_bits);
         self.b.evs.push(Ev::Alloc {
             id,
             length,
             nsamples,
             source,
-            keep: keep as u32,
-            new: fresh.len() as u32,
+            keep: first as u32,
+            new: second as u32,
         });
     }
 
@@ -528,12 +578,19 @@ impl EventSink for Filler<'_> {
 
     #[inline]
     fn full(&self) -> bool {
-        self.b.frames.len() >= BATCH_FRAMES
+        self.b.frames.len() >= BATCH_FRAMES || self.b.enc.len() >= 8 * BATCH_FRAMES
     }
 }
 
-/// Decode up to `n` events of a stream into `b`.
-fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
+/// Decode up to `n` events of a stream into `b` (encoding its backtraces in `tables` when
+/// the stream is encoded ahead).
+fn fill(
+    s: &mut DecState,
+    b: &mut Batch,
+    n: usize,
+    rep: &mut DecodeReport,
+    tables: &mut CacheWriter,
+) {
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
         return;
@@ -542,6 +599,7 @@ fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
         b,
         key_bits: s.key_bits,
         bt_valid: &mut s.bt_valid,
+        share: s.share.as_mut().map(|sh| (sh, tables)),
     };
     match r.read_events(&mut sink, n) {
         Ok(true) => {}

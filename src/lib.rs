@@ -23,6 +23,7 @@ pub mod merge;
 pub mod output;
 pub mod packet;
 pub mod reader;
+pub mod share;
 pub mod summary;
 pub mod thin;
 pub mod writer;

@@ -169,6 +169,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 progress: !quiet,
                 fsync,
                 decode_threads: None,
+                encode_ahead: None,
             };
             memtrace_merge::ffi::install_interrupt_handler();
             let report = memtrace_merge::merge::merge(&inputs, &output, &opts);

@@ -10,6 +10,7 @@ use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::BackgroundFile;
 use crate::reader::{scan_domains, Reader};
+use crate::share::ShareOf;
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
@@ -19,6 +20,39 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Streams of one output domain encoded ahead, each in its share of the cache: at most
+/// this many (a share of 1,000 entries still holds a stream's working set of codes).
+const MAX_SHARES: usize = 16;
+
+/// Whether encoding ahead pays for these streams: when, in their first allocations, the
+/// frames of a backtrace are at least 4 times the frames new since the stream's previous
+/// one. Taking turns, each allocation is encoded after another stream's, sharing little
+/// with it: the merging thread would encode most frames again, each time. Ahead, a
+/// stream's decoder encodes its new frames, and counts the rest, as its input did.
+fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
+    let (mut frames, mut new) = (0u64, 0u64);
+    for &j in members {
+        let Ok(mut r) = Reader::open(&specs[j].path) else {
+            return false;
+        };
+        r.set_domain_filter(specs[j].domain);
+        let mut allocs = 0;
+        while allocs < 256 {
+            match r.next_event() {
+                Ok(Some(crate::event::Event::Alloc(a))) => {
+                    let n = a.backtrace.len() as u64;
+                    frames += n;
+                    new += n - a.common_prefix.min(n);
+                    allocs += 1;
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+    }
+    frames > 0 && frames >= 4 * new
+}
 
 /// Set (e.g. from a SIGINT handler) to make a running merge stop with an error; the
 /// temporary output is removed and nothing is written at the output path.
@@ -58,6 +92,12 @@ pub struct MergeOptions {
     /// Threads decoding the inputs ahead of the merge (None: the cores but one, at least
     /// one, at most four). The output does not depend on it.
     pub decode_threads: Option<usize>,
+    /// Have the decoding threads encode the backtraces of streams that take turns in one
+    /// output domain, each whole in its own share of the domain's cache (see
+    /// [`crate::share`]), rather than the merging thread after the previous allocation's.
+    /// None: when that pays (backtraces that repeat much of the stream's previous one);
+    /// never for thinned inputs, with `tag_processes`, or beyond 16 streams a domain.
+    pub encode_ahead: Option<bool>,
 }
 
 /// What happened to one input.
@@ -100,6 +140,9 @@ pub struct MergeReport {
     pub collects: u64,
     pub remapped_codes: u64,
     pub warnings: u64,
+    /// Whether backtraces were encoded ahead by the decoding threads
+    /// ([`MergeOptions::encode_ahead`]).
+    pub encoded_ahead: bool,
 }
 
 /// Expand directories into their `*.ctf` files (sorted by name); files are kept as given.
@@ -248,6 +291,11 @@ struct Stream {
     loc_pos: usize,
     /// index of `out_domain` among the output domains
     out_slot: usize,
+    /// Its backtraces come encoded (in the batch's `enc`, read from `enc_pos`, with the
+    /// codes sent whole from `miss_pos` in its `misses`).
+    ahead: bool,
+    enc_pos: usize,
+    miss_pos: usize,
 }
 
 /// Each stream's current allocation backtrace in merged codes (tag frame first if any),
@@ -540,6 +588,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 path: p.clone(),
                 domain: if i.version >= 3 { Some(d) } else { None },
                 size,
+                share: None,
             });
             streams.push(Stream {
                 input: k,
@@ -549,6 +598,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 frame_pos: 0,
                 loc_pos: 0,
                 out_slot,
+                ahead: false,
+                enc_pos: 0,
+                miss_pos: 0,
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -557,6 +609,32 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
             });
         }
         states.push(st);
+    }
+    // Streams that take turns in one output domain, encoded ahead when that pays.
+    let mut encoded_ahead = false;
+    for slot in 0..out_domains.len() {
+        let members: Vec<usize> = (0..streams.len())
+            .filter(|&j| streams[j].out_slot == slot)
+            .collect();
+        let possible = (2..=MAX_SHARES).contains(&members.len())
+            && !opts.tag_processes
+            && members
+                .iter()
+                .all(|&j| states[streams[j].input].thinner.is_none());
+        let ahead = possible
+            && opts
+                .encode_ahead
+                .unwrap_or_else(|| ahead_pays(&specs, &members));
+        if ahead {
+            encoded_ahead = true;
+            for (rank, &j) in members.iter().enumerate() {
+                specs[j].share = Some(ShareOf {
+                    index: rank as u16,
+                    count: members.len() as u16,
+                });
+                streams[j].ahead = true;
+            }
+        }
     }
 
     let (tmp, file) = TempOutput::create(output)?;
@@ -629,6 +707,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         allocs: wstats.allocs,
         promotes: wstats.promotes,
         collects: wstats.collects,
+        encoded_ahead,
         ..Default::default()
     };
     // Reports in the order of the inputs as given (skipped ones included).
@@ -696,6 +775,7 @@ fn merge_streams(
         }
     }
     let mut nevents = 0u64;
+    let mut missed: Vec<LocationCode> = Vec::new();
     while let Some(&Reverse(first)) = heap.peek() {
         let i = first as u32 as usize;
         // The stream goes on alone while its events come before every other stream's next.
@@ -724,6 +804,56 @@ fn merge_streams(
                 s.loc_pos += 1;
             }
             match s.batch.evs[s.pos] {
+                Ev::Alloc {
+                    id,
+                    length,
+                    nsamples,
+                    source,
+                    keep: ncodes,
+                    new: nframes,
+                } if s.ahead => {
+                    let enc = &mut s.batch.enc;
+                    let head = s.enc_pos;
+                    let word = enc.bytes()[head..head + 4]
+                        .iter()
+                        .rev()
+                        .fold(0u32, |a, &b| a << 8 | b as u32);
+                    let (start, end) = (head + 4, head + 4 + (word & 0x7fff_ffff) as usize);
+                    s.enc_pos = end;
+                    // the codes sent whole, in merged codes (their locations go out first)
+                    missed.clear();
+                    while let Some(&(at, code)) = s.batch.misses.get(s.miss_pos) {
+                        if at as usize >= end {
+                            break;
+                        }
+                        let out = st.remap.get(&code).copied().unwrap_or(code);
+                        if out != code {
+                            enc.set_u64(at as usize, out.0);
+                        }
+                        missed.push(out);
+                        s.miss_pos += 1;
+                    }
+                    st.report.allocs += 1;
+                    st.report.samples_read += nsamples;
+                    let out_id = w.put_alloc_encoded(
+                        Timestamp(time),
+                        dom,
+                        length,
+                        nsamples,
+                        source,
+                        nframes as usize,
+                        ncodes as usize,
+                        &enc.bytes()[start..end],
+                        &missed,
+                        |c| codes.meanings.get(&c).cloned(),
+                    )?;
+                    if word >> 31 != 0 {
+                        st.report.cut_backtraces += 1;
+                    }
+                    st.live.insert(id, out_id.0);
+                    st.report.allocs_written += 1;
+                    st.report.samples_written += nsamples;
+                }
                 Ev::Alloc {
                     id,
                     length,
@@ -829,6 +959,8 @@ fn merge_streams(
                 s.pos = 0;
                 s.frame_pos = 0;
                 s.loc_pos = 0;
+                s.enc_pos = 0;
+                s.miss_pos = 0;
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {

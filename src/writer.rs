@@ -57,6 +57,9 @@ struct Stream {
     packet: WriteBuf,
     /// Where the previous backtrace was cut (lossless mode), and the frames left out.
     cut: Option<(usize, Vec<LocationCode>)>,
+    /// Backtraces come encoded by the caller ([`Writer::put_alloc_encoded`]): `cache`
+    /// knows nothing of them, so packets carry no cache verifier.
+    encoded: bool,
 }
 
 impl Stream {
@@ -205,6 +208,7 @@ impl<W: Write> Writer<W> {
             time_end: self.start_time,
             packet,
             cut: None,
+            encoded: false,
         }
     }
 
@@ -317,7 +321,11 @@ impl<W: Write> Writer<W> {
             self.global_ids += IDS_PER_CHUNK;
         }
         s.start_id = s.next_id;
-        let v = s.cache.next_verifier();
+        let v = if s.encoded {
+            dummy_verifier()
+        } else {
+            s.cache.next_verifier()
+        };
         PacketHeader::start(&mut s.packet, version, pid, s.domain, v);
         Ok(())
     }
@@ -421,6 +429,56 @@ impl<W: Write> Writer<W> {
         self.put_alloc_in(
             si, time, length, nsamples, source, common, new, hints, resolve,
         )
+    }
+
+    /// Write an allocation whose backtrace the caller encoded, whole (no frames shared
+    /// with the previous allocation): `ncodes` codewords in `codewords`, for `nframes`
+    /// frames, as [`crate::share::Share::encode`] writes them. `misses` are the codes sent
+    /// whole among them, whose locations go out before the packet. A domain's allocations
+    /// all come this way, or none do: the writer's own cache then knows nothing of the
+    /// reader's, and packets carry no cache verifier.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_alloc_encoded(
+        &mut self,
+        time: Timestamp,
+        domain: DomainId,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        nframes: usize,
+        ncodes: usize,
+        codewords: &[u8],
+        misses: &[LocationCode],
+        mut resolve: impl FnMut(LocationCode) -> Option<LocationList>,
+    ) -> Result<ObjId> {
+        let si = self.stream_at(domain, time.0)?;
+        let s = &mut self.streams[si];
+        s.encoded = true;
+        if codewords.len() > backtrace::MAX_LENGTH {
+            // a long encoding: in a packet with the room (begin_event leaves only 4 KiB)
+            let hdr = crate::packet::header_size(self.version);
+            let room = MAX_PACKET_SIZE - s.packet.len();
+            if s.packet.len() > hdr && room < 100 + codewords.len() {
+                self.flush_cold(si, time.0)?;
+            }
+        }
+        let code = alloc_event(length, nsamples, source, nframes);
+        self.begin_event(si, code, time.0)?;
+        let s = &mut self.streams[si];
+        let id = s.next_id;
+        s.next_id += 1;
+        let b = &mut s.packet;
+        let nenc_at = put_alloc_fields(b, code, length, nsamples, source, 0);
+        b.extend(codewords);
+        set_codeword_count(b, code, nenc_at, ncodes);
+        for &c in misses {
+            match resolve(c) {
+                Some(l) => s.new_locs.push((c, l)),
+                None => return Err(no_locations(c)),
+            }
+        }
+        self.stats.allocs += 1;
+        Ok(ObjId(id))
     }
 
     /// [`Writer::put_alloc_in`] for the usual case, a backtrace short enough that the
@@ -746,7 +804,7 @@ fn dummy_verifier() -> CacheVerifier {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::event::Event;
     use crate::location::Location;
@@ -768,7 +826,8 @@ mod tests {
         }
     }
 
-    fn locs(c: LocationCode) -> Option<LocationList> {
+    /// Locations for any code (one, its line from the code).
+    pub(crate) fn locs(c: LocationCode) -> Option<LocationList> {
         Some(Arc::from(vec![Location {
             filename: Arc::from(&b"a.ml"[..]),
             line: (c.0 % 1000) as u32,

@@ -86,8 +86,23 @@ fn merged(inputs: &[PathBuf], opts: &MergeOptions) -> (tempfile::TempDir, PathBu
     (dir, out, report)
 }
 
-/// Merge, then require semantic equality with the union of the sources and validity.
+/// Merge, then require semantic equality with the union of the sources and validity; the
+/// same with backtraces encoded ahead (where possible) and not.
 fn merge_and_compare(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
+    for ahead in [Some(true), Some(false)] {
+        if opts.encode_ahead != ahead {
+            let o = MergeOptions {
+                encode_ahead: ahead,
+                ..opts.clone()
+            };
+            let r = merge_and_compare_as(inputs, &o);
+            assert!(!r.encoded_ahead || ahead == Some(true));
+        }
+    }
+    merge_and_compare_as(inputs, opts)
+}
+
+fn merge_and_compare_as(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
     let (_dir, out, report) = merged(inputs, opts);
     let cmp = compare(
         inputs,
@@ -338,6 +353,109 @@ fn output_does_not_depend_on_the_decoding_threads() {
             );
         }
     }
+}
+
+/// Encoded ahead, too, the bytes do not depend on how many threads decode (each stream
+/// encodes in its own share of the cache, whichever thread it is on).
+#[test]
+fn encoded_ahead_output_does_not_depend_on_the_decoding_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = colliding_pair(dir.path());
+    let (c, d) = (dir.path().join("c.ctf"), dir.path().join("d.ctf"));
+    write_repeating(&c, 3, 1_000_050);
+    write_repeating(&d, 4, 1_000_070);
+    let inputs = [a, b, c, d];
+    let run = |threads: usize| {
+        let (_d, out, r) = merged(
+            &inputs,
+            &MergeOptions {
+                decode_threads: Some(threads),
+                encode_ahead: Some(true),
+                ..Default::default()
+            },
+        );
+        assert!(r.encoded_ahead && r.remapped_codes > 0);
+        std::fs::read(out).unwrap()
+    };
+    let one = run(1);
+    for threads in [2, 3, 8] {
+        assert!(
+            run(threads) == one,
+            "{threads} decoding threads wrote other bytes"
+        );
+    }
+}
+
+/// Encoding ahead is chosen where backtraces mostly repeat the stream's previous one (as
+/// in `write_synthetic`, whose stacks change by a frame or so), not for the `fork/` set
+/// (deep stacks, much of them new each time), and never for thinned inputs or tagged
+/// processes, even when asked for.
+#[test]
+fn encoding_ahead_is_chosen_where_it_pays() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.ctf"), dir.path().join("b.ctf"));
+    write_repeating(&a, 1, 1_000_000);
+    write_repeating(&b, 2, 1_000_100);
+    let auto = MergeOptions::default();
+    assert!(merge_and_compare(&[a.clone(), b.clone()], &auto).encoded_ahead);
+    assert!(!merge_and_compare(&fork(), &auto).encoded_ahead);
+    let forced = MergeOptions {
+        encode_ahead: Some(true),
+        ..Default::default()
+    };
+    let thinned = [data("rates/fast.ctf"), data("rates/slow.ctf")];
+    assert!(!merged(&thinned, &forced).2.encoded_ahead);
+    let tagged = MergeOptions {
+        tag_processes: true,
+        ..forced.clone()
+    };
+    assert!(!merged(&[a, b], &tagged).2.encoded_ahead);
+}
+
+/// A process whose allocations come from a few deep stacks, each used many times running.
+fn write_repeating(path: &Path, pid: u64, start: u64) {
+    let table: HashMap<LocationCode, LocationList> = (0..200u64)
+        .map(|i| {
+            (
+                LocationCode(1000 + i),
+                locs("r.ml", &format!("g{i}"), i as u32 + 1),
+            )
+        })
+        .collect();
+    let f = std::fs::File::create(path).unwrap();
+    let mut w = Writer::new(
+        f,
+        &info(pid, start, 1e-4, "r.ml"),
+        WriterOptions {
+            version: 2,
+            lossless: true,
+        },
+    )
+    .unwrap();
+    let stacks: Vec<Vec<LocationCode>> = (0..8u64)
+        .map(|s| {
+            (0..30)
+                .map(|d| LocationCode(1000 + (s * 31 + d * 7) % 200))
+                .collect()
+        })
+        .collect();
+    let mut t = start;
+    for k in 0..3000u64 {
+        t += 50;
+        let lookup = |c: LocationCode| table.get(&c).cloned();
+        let bt = &stacks[(k / 40 % 8) as usize];
+        w.put_alloc(
+            Timestamp(t),
+            DomainId(0),
+            4,
+            1,
+            AllocSource::Minor,
+            bt,
+            lookup,
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
 }
 
 /// Two traces of different executables (pids 1 and 2) using the same 10 codes for their

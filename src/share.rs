@@ -1,0 +1,604 @@
+//! A share of one domain's backtrace cache for one of several sources merged into it, in
+//! which the source encodes each backtrace whole, whatever was written before it.
+//!
+//! The reader follows whatever entries the writer names, so a writer may give each source
+//! its own range of entries. Nothing but the source's own backtraces then changes its range
+//! (entry 0, which the first codeword of every backtrace re-points, belongs to nobody): an
+//! encoding depends on the source's earlier backtraces only, not on the merged order, and
+//! a merge's decoding threads make them ahead, each stream in its share. Sent whole (no
+//! frames shared with the previous allocation, another source's), a backtrace that shares
+//! a prefix with the source's previous one is one hit and a run of predictions for that
+//! prefix, counted without looking at its frames: the path of entries the last one took is
+//! still there. A position is looked at only when something this source wrote since may
+//! have changed it (the positions in "doubt"), as in a path that holds one entry twice.
+
+use crate::backtrace::{CacheWriter, CACHE_SIZE};
+use crate::buf::WriteBuf;
+use crate::event::LocationCode;
+
+const M: usize = CACHE_SIZE - 1;
+
+/// Paths up to this long have the positions in a changed entry found and doubted; longer
+/// ones are tangled (see [`Share::tangled`]).
+const SCAN_MAX: usize = 64;
+
+/// Which share of a domain's cache a source writes in: `index` of `count` equal ranges of
+/// the entries after entry 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareOf {
+    pub index: u16,
+    pub count: u16,
+}
+
+/// One share: its range of entries, and the path of entries its last backtrace took.
+#[derive(Clone, Debug)]
+pub struct Share {
+    lo: usize,
+    len: usize,
+    /// The path: the entry of each position of the last backtrace (whose frames are the
+    /// next backtrace's, as far as it keeps them).
+    at: Vec<u16>,
+    /// Per entry, how many positions of the path are in it.
+    uses: Box<[u32; CACHE_SIZE]>,
+    /// Per position, a bit set when its entry might no longer hold its frame, or the entry
+    /// before might no longer predict it. A clear bit at `p > 0` guarantees
+    /// `next[at[p-1]] == at[p]` and that `at[p]` holds the frame, unless `tangled`.
+    doubt: Vec<u64>,
+    /// Set when an encoding changed an entry that more than one position of a long path
+    /// is in (a path holding an entry twice, or an entry it was in given another code):
+    /// rather than finding those positions, the rest of the encoding looks at every frame
+    /// and the bits are found again at its end. (A short path's positions are found.)
+    tangled: bool,
+    /// Per entry of the input's cache, the entry here of the frame last seen in it.
+    xlat: Box<[u16; CACHE_SIZE]>,
+}
+
+/// A table of `CACHE_SIZE` zeros on the heap.
+fn zeros<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
+    vec![T::default(); CACHE_SIZE]
+        .into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!())
+}
+
+impl Share {
+    pub fn new(of: ShareOf) -> Share {
+        let count = of.count.max(1) as usize;
+        let len = (CACHE_SIZE - 1) / count;
+        assert!((of.index as usize) < count && len > 0, "bad share {of:?}");
+        Share {
+            lo: 1 + of.index as usize * len,
+            len,
+            at: Vec::new(),
+            uses: zeros(),
+            doubt: Vec::new(),
+            tangled: false,
+            xlat: zeros(),
+        }
+    }
+
+    /// The range's two candidate entries for a code. (Not the reference's hashes: scaled
+    /// down to a share, they crowd neighbouring codes into few entries.)
+    #[inline(always)]
+    fn candidates(&self, code: u64) -> (usize, usize) {
+        let x = code.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let y = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let scale = |h: u64| self.lo + (((h >> 32) * self.len as u64) >> 32) as usize;
+        (scale(x) & M, scale(y) & M)
+    }
+
+    #[inline(always)]
+    fn set_doubt(&mut self, p: usize) {
+        self.doubt[p >> 6] |= 1 << (p & 63);
+    }
+
+    /// The first doubted position in `from..to` (`to` if none).
+    #[inline(always)]
+    fn next_doubt(&self, from: usize, to: usize) -> usize {
+        let mut w = from >> 6;
+        let mut bits = self.doubt[w] & (!0u64 << (from & 63));
+        loop {
+            if bits != 0 {
+                return ((w << 6) + bits.trailing_zeros() as usize).min(to);
+            }
+            w += 1;
+            if w << 6 >= to {
+                return to;
+            }
+            bits = self.doubt[w];
+        }
+    }
+
+    /// Keep the path's first `keep` positions.
+    #[inline(always)]
+    fn truncate(&mut self, keep: usize) {
+        if keep == self.at.len() {
+            return;
+        }
+        for &e in &self.at[keep..] {
+            self.uses[e as usize & M] -= 1;
+        }
+        self.at.truncate(keep);
+        self.doubt.truncate(keep.div_ceil(64));
+        if keep & 63 != 0 {
+            if let Some(w) = self.doubt.last_mut() {
+                *w &= (1u64 << (keep & 63)) - 1;
+            }
+        }
+    }
+
+    /// Append a position in entry `e`, which the entry before predicts. (Position 0 is
+    /// always sent as a codeword, so its bit says nothing.)
+    #[inline(always)]
+    fn push(&mut self, e: usize) {
+        if self.at.len() & 63 == 0 {
+            self.doubt.push(0);
+        }
+        self.at.push(e as u16);
+        self.uses[e & M] += 1;
+    }
+
+    /// Position `p` of the path is now in entry `e`, which the entry before predicts.
+    #[inline(always)]
+    fn replace(&mut self, p: usize, e: usize) {
+        let old = self.at[p] as usize & M;
+        if old != e {
+            self.uses[old] -= 1;
+            self.uses[e & M] += 1;
+            self.at[p] = e as u16;
+            // the next position was predicted from the old entry (`p` itself is in doubt
+            // already: its entry changes only after the old one got another code)
+            if p + 1 < self.at.len() {
+                self.set_doubt(p + 1);
+            }
+        }
+        self.doubt[p >> 6] &= !(1 << (p & 63));
+    }
+
+    /// Entry `x` (of the position before `p`, the one being placed) now predicts `e`: any
+    /// other position in `x` no longer predicts the one after it.
+    #[inline(always)]
+    fn repoint(&mut self, next: &mut [u16; CACHE_SIZE], x: usize, e: usize, p: usize) {
+        let old = next[x] as usize;
+        next[x] = e as u16;
+        if x != 0 && old != e && self.uses[x] > 1 {
+            self.doubt_after(x, e, p);
+        }
+    }
+
+    /// The positions in entry `x` among the first 64, as bits.
+    #[inline(always)]
+    fn in_entry(&self, x: usize) -> u64 {
+        let mut m = 0u64;
+        for (k, &a) in self.at.iter().take(64).enumerate() {
+            m |= ((a as usize == x) as u64) << k;
+        }
+        m
+    }
+
+    /// [`Share::repoint`] for an entry that more than one position is in: in a short path
+    /// the positions after those are doubted, a long one is tangled.
+    #[cold]
+    #[inline(never)]
+    fn doubt_after(&mut self, x: usize, e: usize, p: usize) {
+        let n = self.at.len();
+        if n > SCAN_MAX {
+            self.tangled = true;
+            return;
+        }
+        let mut m = self.in_entry(x);
+        while m != 0 {
+            let j = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if j + 1 < n && j + 1 != p && self.at[j + 1] as usize != e {
+                self.set_doubt(j + 1);
+            }
+        }
+    }
+
+    /// Entry `e` gets another code: the positions in it no longer hold theirs.
+    #[inline(always)]
+    fn overwrite(&mut self, e: usize) {
+        if self.uses[e] > 0 {
+            if self.at.len() > SCAN_MAX {
+                self.tangled = true;
+            } else {
+                self.doubt[0] |= self.in_entry(e);
+            }
+        }
+    }
+
+    /// Doubt exactly the positions whose link does not hold in the tables as they are.
+    #[cold]
+    #[inline(never)]
+    fn recheck(
+        &mut self,
+        frames: &[LocationCode],
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+    ) {
+        for w in self.doubt.iter_mut() {
+            *w = 0;
+        }
+        for (p, f) in frames.iter().enumerate().take(self.at.len()) {
+            let (a, e) = (
+                self.at[p.saturating_sub(1)] as usize & M,
+                self.at[p] as usize & M,
+            );
+            let good = p > 0 && a != 0 && e != 0 && next[a] as usize == e;
+            if !(good && cache[e] == f.0) {
+                self.set_doubt(p);
+            }
+        }
+        self.tangled = false;
+    }
+
+    /// Encode a whole backtrace (`frames`, caller-first) in this share, whose previous one
+    /// shared its first `keep` frames with it. `hints` (empty, or one per frame) are the
+    /// frames' entries in the input's cache: checked, never trusted, they say where this
+    /// share last put a frame that was in that entry there. Codewords are written to `b`
+    /// while it stays within `limit` bytes; `on_miss(i, at)` is told of every frame `i`
+    /// sent as a new code, whose 8 bytes are at `at` in `b`. Returns (codewords written,
+    /// frames encoded): fewer than `frames.len()` only when `limit` stopped it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub fn encode(
+        &mut self,
+        cw: &mut CacheWriter,
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        frames: &[LocationCode],
+        hints: &[u16],
+        keep: usize,
+        limit: usize,
+        mut on_miss: impl FnMut(usize, usize),
+    ) -> (usize, usize) {
+        self.truncate(keep.min(self.at.len()).min(frames.len()));
+        let (cache, date, next) = cw.tables();
+        let n = frames.len();
+        let hint = |p: usize| hints.get(p).map(|&i| i as usize & M);
+        let mut pos = 0;
+        let mut ncodes = 0usize;
+        let mut predictor = 0usize;
+        while pos < n && b.len() <= limit {
+            let code = frames[pos].0;
+            let replay = pos < self.at.len();
+            // where the frame is: its entry in the path, the entry here of its entry in
+            // the input, or one of its two candidates (code 0 is in every entry never
+            // filled, which the reader does not know: it is never looked up)
+            let mut e = if replay { self.at[pos] as usize & M } else { 0 };
+            if e == 0 || cache[e] != code {
+                e = hint(pos).map_or(0, |i| self.xlat[i] as usize & M);
+                if e == 0 || cache[e] != code {
+                    let (h1, h2) = self.candidates(code);
+                    e = if code != 0 && cache[h1] == code {
+                        h1
+                    } else if code != 0 && cache[h2] == code {
+                        h2
+                    } else {
+                        on_miss(pos, b.len() + 2);
+                        let e = if date[h1] < date[h2] { h1 } else { h2 };
+                        self.overwrite(e);
+                        cache[e] = code;
+                        date[e] = alloc_id;
+                        if let Some(i) = hint(pos) {
+                            self.xlat[i] = e as u16;
+                        }
+                        self.repoint(next, predictor, e, pos);
+                        b.u16(((e << 2) | 3) as u16);
+                        b.u64(code);
+                        if replay {
+                            self.replace(pos, e);
+                        } else {
+                            self.push(e);
+                        }
+                        predictor = e;
+                        pos += 1;
+                        ncodes += 1;
+                        continue;
+                    };
+                }
+                if let Some(i) = hint(pos) {
+                    self.xlat[i] = e as u16;
+                }
+            }
+            let hit = e;
+            date[hit] = alloc_id;
+            self.repoint(next, predictor, hit, pos);
+            if replay {
+                self.replace(pos, hit);
+            } else {
+                self.push(hit);
+            }
+            predictor = hit;
+            pos += 1;
+            ncodes += 1;
+            // the run of predicted frames after the hit (at most 255): first in the path,
+            // where stretches known good are counted without looking at them
+            let start = pos;
+            let end = n.min(pos + 255);
+            while pos < end.min(self.at.len()) {
+                if !self.tangled {
+                    let stop = self.next_doubt(pos, end.min(self.at.len()));
+                    if stop > pos {
+                        pos = stop;
+                        predictor = self.at[pos - 1] as usize & M;
+                        continue;
+                    }
+                }
+                let e = next[predictor] as usize & M;
+                if e == 0 || cache[e] != frames[pos].0 {
+                    break;
+                }
+                self.replace(pos, e);
+                predictor = e;
+                pos += 1;
+            }
+            // then beyond it, each predicted frame appended to it (where the frame's entry
+            // in the input gives the entry here, the loads need not wait for each other)
+            if pos == self.at.len() {
+                while pos < end {
+                    let code = frames[pos].0;
+                    let h = hint(pos).map_or(0, |i| self.xlat[i] as usize & M);
+                    let e = if (next[predictor] as usize == h) & (cache[h] == code) & (h != 0) {
+                        h
+                    } else {
+                        let e = next[predictor] as usize & M;
+                        if e == 0 || cache[e] != code {
+                            break;
+                        }
+                        if let Some(i) = hint(pos) {
+                            self.xlat[i] = e as u16;
+                        }
+                        e
+                    };
+                    self.push(e);
+                    predictor = e;
+                    pos += 1;
+                }
+            }
+            CacheWriter::put_hit(b, hit, pos - start);
+        }
+        if self.tangled {
+            self.recheck(frames, cache, next);
+        }
+        (ncodes, pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{AllocSource, DomainId, Event, Timestamp};
+    use crate::info::TraceInfo;
+    use crate::reader::Reader;
+    use crate::writer::tests::locs;
+    use crate::writer::{common_prefix, Writer, WriterOptions};
+
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// The next backtrace of a source: mostly its last one again, else a changed suffix,
+    /// recursion, a new path, or (rarely) a very deep one.
+    fn next_path(r: &mut Rng, src: u64, last: &[LocationCode], pool: u64) -> Vec<LocationCode> {
+        let code = |r: &mut Rng| match r.below(50) {
+            0 => LocationCode(0),
+            1 => LocationCode(0x42), // a code every source uses
+            _ => LocationCode(0x1_0000 * (src + 1) + r.below(pool)),
+        };
+        let mut bt = last.to_vec();
+        match r.below(20) {
+            0..=9 => {}
+            10..=14 => {
+                bt.truncate(r.below(bt.len() as u64 + 1) as usize);
+                for _ in 0..r.below(6) {
+                    bt.push(code(r));
+                }
+            }
+            15 | 16 => {
+                // recursion: one frame or two repeated
+                bt.truncate(r.below(bt.len() as u64 + 1) as usize);
+                let (a, b) = (code(r), code(r));
+                for k in 0..2 + r.below(40) {
+                    bt.push(if k % 2 == 0 || r.below(3) == 0 { a } else { b });
+                }
+            }
+            17 | 18 => {
+                // a new path from the common root
+                bt = vec![LocationCode(0x7), LocationCode(0x8)];
+                for _ in 0..r.below(30) {
+                    bt.push(code(r));
+                }
+            }
+            _ => {
+                if r.below(40) == 0 {
+                    let n = if r.below(2) == 0 { 2500 } else { 5000 };
+                    bt.extend((0..n).map(|k| LocationCode(0x100_0000 * (src + 1) + k)));
+                }
+            }
+        }
+        bt
+    }
+
+    /// Several sources take turns in one domain, each encoding its backtraces whole in its
+    /// share, ahead (on tables of its own thread: `threads` of them) as a merge's decoders
+    /// do: every backtrace read back is the one written.
+    fn round_trip(seed: u64, sources: u64, count: u16, pool: u64, n: usize, threads: usize) {
+        let mut r = Rng(seed);
+        let info = TraceInfo {
+            sample_rate: 1e-4,
+            word_size: 64,
+            executable_name: b"t".to_vec(),
+            host_name: b"h".to_vec(),
+            ocaml_runtime_params: Vec::new(),
+            pid: 1,
+            start_time: Timestamp(1_000_000),
+            context: None,
+            initial_domain: DomainId(0),
+            version: 2,
+        };
+        let opts = WriterOptions {
+            version: 2,
+            lossless: true,
+        };
+        let mut w = Writer::new(Vec::new(), &info, opts).unwrap();
+        let mut tables: Vec<CacheWriter> = (0..threads).map(|_| CacheWriter::default()).collect();
+        let mut shares: Vec<Share> = (0..sources)
+            .map(|i| {
+                Share::new(ShareOf {
+                    index: i as u16,
+                    count,
+                })
+            })
+            .collect();
+        let mut last: Vec<Vec<LocationCode>> = vec![vec![LocationCode(0x7)]; sources as usize];
+        let mut ids = vec![0i64; sources as usize];
+        let mut written: Vec<Vec<LocationCode>> = Vec::new();
+        let mut src = 0;
+        let mut enc = WriteBuf::with_capacity(1024);
+        let mut cuts = 0;
+        for k in 0..n {
+            if r.below(3) != 0 {
+                src = r.below(sources) as usize;
+            }
+            let bt = next_path(&mut r, src as u64, &last[src], pool);
+            let own = common_prefix(&last[src], &bt);
+            // any keep up to the longest shared prefix will do
+            let keep = if r.below(4) == 0 {
+                r.below(own as u64 + 1) as usize
+            } else {
+                own
+            };
+            enc.clear();
+            let mut misses = Vec::new();
+            ids[src] += 1;
+            // hints: where an input's cache would have the frames, or nonsense, or none
+            let hints: Vec<u16> = match seed % 3 {
+                0 => bt
+                    .iter()
+                    .map(|&c| crate::backtrace::buckets(c).0 as u16)
+                    .collect(),
+                1 => bt.iter().map(|_| r.below(1 << 16) as u16).collect(),
+                _ => Vec::new(),
+            };
+            let (ncodes, done) = shares[src].encode(
+                &mut tables[src % threads],
+                &mut enc,
+                ids[src],
+                &bt,
+                &hints,
+                keep,
+                LIMIT,
+                |i, at| misses.push((bt[i], at)),
+            );
+            for &(c, at) in &misses {
+                assert_eq!(enc.bytes()[at..at + 8], c.0.to_le_bytes(), "a miss's code");
+            }
+            let codes: Vec<LocationCode> = misses.iter().map(|m| m.0).collect();
+            w.put_alloc_encoded(
+                Timestamp(1_000_000 + k as u64),
+                DomainId(0),
+                3,
+                1,
+                AllocSource::Minor,
+                done,
+                ncodes,
+                enc.bytes(),
+                &codes,
+                locs,
+            )
+            .unwrap();
+            cuts += (done < bt.len()) as usize;
+            written.push(bt[..done].to_vec());
+            last[src] = bt;
+        }
+        let bytes = w.finish().unwrap();
+        let mut rd = Reader::new(&bytes[..], "t").unwrap();
+        let mut k = 0;
+        while let Some(ev) = rd.next_event().unwrap() {
+            if let Event::Alloc(a) = ev {
+                let (got, want) = (a.backtrace, &written[k]);
+                assert!(
+                    got == &want[..],
+                    "alloc {k} (seed {seed}): {} frames read, {} written, {} alike",
+                    got.len(),
+                    want.len(),
+                    common_prefix(got, want)
+                );
+                k += 1;
+            }
+        }
+        assert_eq!(k, n);
+        assert!(rd.warnings().is_empty(), "{:?}", rd.warnings());
+        // only backtraces too deep for a packet are cut
+        assert!(cuts <= n / 50, "{cuts} cut");
+    }
+
+    /// The room a merge's decoder gives one encoding (a packet's, less its header and an
+    /// allocation's fields).
+    const LIMIT: usize = 32_000;
+
+    #[test]
+    fn sources_taking_turns_read_back_exactly() {
+        for seed in 1..=12 {
+            round_trip(seed * 7919, 5, 5, 200, 3000, 1);
+        }
+    }
+
+    #[test]
+    fn more_codes_than_a_share_holds() {
+        // 4 shares of 4,095 entries, each source drawing from 20,000 codes
+        for seed in 1..=4 {
+            round_trip(seed * 104_729, 4, 4, 20_000, 4000, 2);
+        }
+    }
+
+    #[test]
+    fn tiny_shares_where_codes_move_all_the_time() {
+        // shares of 16 entries for 40 codes a source: evictions, codes found again in
+        // their other entry, paths whose entries changed under them
+        for seed in 1..=8 {
+            round_trip(seed * 1_000_003, 3, 1000, 40, 3000, 3);
+        }
+    }
+
+    #[test]
+    fn a_repeated_backtrace_is_one_hit_and_a_run() {
+        let mut cw = CacheWriter::default();
+        let mut s = Share::new(ShareOf { index: 1, count: 4 });
+        let bt: Vec<LocationCode> = (0..40).map(|i| LocationCode(0x500 + i)).collect();
+        let mut b = WriteBuf::with_capacity(1024);
+        let mut misses = 0;
+        let (n, done) = s.encode(&mut cw, &mut b, 1, &bt, &[], 0, 4000, |_, _| misses += 1);
+        assert_eq!((n, done, misses), (40, 40, 40));
+        let at = b.len();
+        let (n, done) = s.encode(&mut cw, &mut b, 2, &bt, &[], 40, 4000, |_, _| misses += 1);
+        assert_eq!((n, done, misses), (1, 40, 40));
+        assert_eq!(b.len() - at, 3, "a hit and a run of 39");
+        // a long path that holds an entry many times, with different frames after it,
+        // tangles the share while it is encoded; its bits are found again at the end
+        let rec: Vec<LocationCode> = (0..90)
+            .map(|i| LocationCode(if i % 3 == 0 { 1 } else { 0x900 + i }))
+            .collect();
+        for k in 0..3 {
+            s.encode(&mut cw, &mut b, 3 + k, &rec, &[], 90, 4000, |_, _| {});
+            assert!(!s.tangled);
+        }
+        s.encode(&mut cw, &mut b, 6, &bt, &[], 0, 4000, |_, _| {});
+        let at = b.len();
+        let (n, _) = s.encode(&mut cw, &mut b, 7, &bt, &[], 40, 4000, |_, _| {});
+        assert_eq!((n, b.len() - at), (1, 3));
+        // every entry named is in the share's range
+        assert!(s
+            .at
+            .iter()
+            .all(|&e| (e as usize) >= s.lo && (e as usize) < s.lo + s.len));
+    }
+}
