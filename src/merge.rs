@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// this many (a share of 1,000 entries still holds a stream's working set of codes).
 const MAX_SHARES: usize = 16;
 
-/// Whether encoding ahead pays for these streams: when, in their first allocations, the
+/// Whether encoding ahead pays for these streams: when, in their first 64 allocations, the
 /// frames of a backtrace are at least 4 times the frames new since the stream's previous
 /// one. Taking turns, each allocation is encoded after another stream's, sharing little
 /// with it: the merging thread would encode most frames again, each time. Ahead, a
@@ -38,7 +38,7 @@ fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
         };
         r.set_domain_filter(specs[j].domain);
         let mut allocs = 0;
-        while allocs < 256 {
+        while allocs < 64 {
             match r.next_event() {
                 Ok(Some(crate::event::Event::Alloc(a))) => {
                     let n = a.backtrace.len() as u64;
