@@ -1028,7 +1028,7 @@ pub fn format_report(r: &MergeReport) -> String {
         }
     }
     s.push_str(&format!(
-        "{}: format {}, {} allocs, {} promotes, {} collects{}\n",
+        "{}: format {}, {} allocs, {} promotes, {} collects{}{}\n",
         r.output.display(),
         r.format,
         r.allocs,
@@ -1038,6 +1038,11 @@ pub fn format_report(r: &MergeReport) -> String {
             format!(", {} location codes remapped", r.remapped_codes)
         } else {
             String::new()
+        },
+        if r.encoded_ahead {
+            ", backtraces encoded ahead"
+        } else {
+            ""
         }
     ));
     s
