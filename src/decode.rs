@@ -367,7 +367,7 @@ fn decode_all(
     let batch_events = (131_072 / sh.queues.len().max(1)).clamp(64, BATCH_EVENTS);
     let mut st: Vec<DecState> = Vec::with_capacity(specs.len());
     // the output cache as this thread's streams encoded ahead leave it (each in its share)
-    let mut tables = CacheWriter::default();
+    let mut tables: Option<CacheWriter> = None;
     for (index, s) in specs {
         let slot = match reports.iter().position(|(k, _)| *k == s.input) {
             Some(p) => p,
@@ -582,14 +582,14 @@ impl EventSink for Filler<'_> {
     }
 }
 
-/// Decode up to `n` events of a stream into `b` (encoding its backtraces in `tables` when
-/// the stream is encoded ahead).
+/// Decode up to `n` events of a stream into `b` (encoding its backtraces in `tables`, made
+/// on first use, when the stream is encoded ahead).
 fn fill(
     s: &mut DecState,
     b: &mut Batch,
     n: usize,
     rep: &mut DecodeReport,
-    tables: &mut CacheWriter,
+    tables: &mut Option<CacheWriter>,
 ) {
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
@@ -599,7 +599,10 @@ fn fill(
         b,
         key_bits: s.key_bits,
         bt_valid: &mut s.bt_valid,
-        share: s.share.as_mut().map(|sh| (sh, tables)),
+        share: s
+            .share
+            .as_mut()
+            .map(|sh| (sh, tables.get_or_insert_with(CacheWriter::default))),
     };
     match r.read_events(&mut sink, n) {
         Ok(true) => {}
