@@ -1,7 +1,10 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
+use crate::backtrace::CacheWriter;
+use crate::buf::WriteBuf;
 use crate::codes::Codes;
+use crate::decode::ENCODING_ROOM;
 use crate::decode::{Batch, Decoder, Ev, StreamSpec};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
@@ -10,7 +13,7 @@ use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::BackgroundFile;
 use crate::reader::{scan_domains, Reader};
-use crate::share::ShareOf;
+use crate::share::{Share, ShareOf};
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
@@ -296,6 +299,10 @@ struct Stream {
     ahead: bool,
     enc_pos: usize,
     miss_pos: usize,
+    /// Its share of the output domain's cache, when this thread encodes it (as ahead, in
+    /// the input's codes: the same bytes), and its backtrace in the input's codes.
+    share: Option<Box<Share>>,
+    raw: Vec<LocationCode>,
 }
 
 /// Each stream's current allocation backtrace in merged codes (tag frame first if any),
@@ -601,6 +608,8 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 ahead: false,
                 enc_pos: 0,
                 miss_pos: 0,
+                share: None,
+                raw: Vec::new(),
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -610,7 +619,14 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
         states.push(st);
     }
-    // Streams that take turns in one output domain, encoded ahead when that pays.
+    // decoders on the cores the merging thread leaves (at least one)
+    let threads = opts.decode_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
+    });
+    // Streams that take turns in one output domain, encoded ahead when that pays: by the
+    // decoding threads, but for every other stream when a single thread decodes, which the
+    // merging thread encodes the same way (in its share: the same bytes), or that single
+    // thread would have twice the merging thread's work.
     let mut encoded_ahead = false;
     for slot in 0..out_domains.len() {
         let members: Vec<usize> = (0..streams.len())
@@ -628,11 +644,16 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         if ahead {
             encoded_ahead = true;
             for (rank, &j) in members.iter().enumerate() {
-                specs[j].share = Some(ShareOf {
+                let of = ShareOf {
                     index: rank as u16,
                     count: members.len() as u16,
-                });
-                streams[j].ahead = true;
+                };
+                if threads == 1 && rank % 2 == 1 {
+                    streams[j].share = Some(Box::new(Share::new(of)));
+                } else {
+                    specs[j].share = Some(of);
+                    streams[j].ahead = true;
+                }
             }
         }
     }
@@ -656,10 +677,6 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let started = Instant::now();
-    // decoders on the cores the merging thread leaves (at least one)
-    let threads = opts.decode_threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
-    });
     let pipe = Decoder::start(specs, opened.len(), threads)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let mut progress = Progress {
@@ -776,6 +793,9 @@ fn merge_streams(
     }
     let mut nevents = 0u64;
     let mut missed: Vec<LocationCode> = Vec::new();
+    // (the tables of the shares this thread encodes in, and its encodings)
+    let mut tables: Option<CacheWriter> = None;
+    let mut scratch = WriteBuf::with_capacity(4096);
     while let Some(&Reverse(first)) = heap.peek() {
         let i = first as u32 as usize;
         // The stream goes on alone while its events come before every other stream's next.
@@ -871,6 +891,10 @@ fn merge_streams(
                     bt.hints.resize(keep, 0);
                     bt.hints
                         .extend_from_slice(&s.batch.slots[f..f + new as usize]);
+                    if s.share.is_some() {
+                        s.raw.truncate(keep);
+                        s.raw.extend_from_slice(fresh);
+                    }
                     if st.remap.is_empty() {
                         bt.frames.extend_from_slice(fresh);
                     } else {
@@ -902,17 +926,56 @@ fn merge_streams(
                         last_written[slot] = Some((i, bts[i].version));
                         let cut_before = w.stats().cut_backtraces;
                         let bt = &mut bts[i];
-                        let out_id = w.put_alloc_hinted(
-                            Timestamp(time),
-                            dom,
-                            length,
-                            n,
-                            source,
-                            common,
-                            &bt.frames[common..],
-                            &mut bt.hints[common..],
-                            |c| codes.meanings.get(&c).cloned(),
-                        )?;
+                        let resolve = |c| codes.meanings.get(&c).cloned();
+                        let out_id = match s.share.as_mut() {
+                            Some(share) => {
+                                // encoded whole in its share, as a decoding thread would (the
+                                // hints: the frames' entries in the input)
+                                scratch.clear();
+                                let mut sent = Vec::new();
+                                let (ncodes, done) = share.encode(
+                                    tables.get_or_insert_with(CacheWriter::default),
+                                    &mut scratch,
+                                    bt.version as i64,
+                                    &s.raw,
+                                    &bt.hints,
+                                    keep,
+                                    ENCODING_ROOM,
+                                    |k, at| sent.push((at, bt.frames[k])),
+                                );
+                                missed.clear();
+                                for (at, c) in sent {
+                                    scratch.set_u64(at, c.0);
+                                    missed.push(c);
+                                }
+                                if done < bt.frames.len() {
+                                    st.report.cut_backtraces += 1;
+                                }
+                                w.put_alloc_encoded(
+                                    Timestamp(time),
+                                    dom,
+                                    length,
+                                    n,
+                                    source,
+                                    done,
+                                    ncodes,
+                                    scratch.bytes(),
+                                    &missed,
+                                    resolve,
+                                )?
+                            }
+                            None => w.put_alloc_hinted(
+                                Timestamp(time),
+                                dom,
+                                length,
+                                n,
+                                source,
+                                common,
+                                &bt.frames[common..],
+                                &mut bt.hints[common..],
+                                resolve,
+                            )?,
+                        };
                         if w.stats().cut_backtraces != cut_before {
                             st.report.cut_backtraces += 1;
                         }
