@@ -300,12 +300,12 @@ struct Stream {
     enc_pos: usize,
     miss_pos: usize,
     /// Its share of the output domain's cache, when this thread encodes it (as ahead, in
-    /// the input's codes: the same bytes), and its backtrace in the input's codes.
+    /// the input's codes: the same bytes; its backtrace is then kept in the input's codes).
     share: Option<Box<Share>>,
-    raw: Vec<LocationCode>,
 }
 
-/// Each stream's current allocation backtrace in merged codes (tag frame first if any),
+/// Each stream's current allocation backtrace in merged codes (tag frame first if any; in
+/// the input's codes for a stream this thread encodes in a share),
 /// with a count of its changes: what the last allocation written in a domain shares with
 /// the next one is known without comparing when both come from the same stream.
 #[derive(Default)]
@@ -609,7 +609,6 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 enc_pos: 0,
                 miss_pos: 0,
                 share: None,
-                raw: Vec::new(),
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -891,11 +890,8 @@ fn merge_streams(
                     bt.hints.resize(keep, 0);
                     bt.hints
                         .extend_from_slice(&s.batch.slots[f..f + new as usize]);
-                    if s.share.is_some() {
-                        s.raw.truncate(keep);
-                        s.raw.extend_from_slice(fresh);
-                    }
-                    if st.remap.is_empty() {
+                    // (a stream this thread encodes in its share keeps the input's codes)
+                    if st.remap.is_empty() || s.share.is_some() {
                         bt.frames.extend_from_slice(fresh);
                     } else {
                         let remap = &st.remap;
@@ -913,31 +909,20 @@ fn merge_streams(
                     if n == 0 {
                         st.live.insert(id, DROPPED);
                     } else {
-                        // What it shares with the last allocation written in its domain: the
-                        // stream's own common prefix when that was this stream's previous one.
-                        let slot = s.out_slot;
-                        let common = match last_written[slot] {
-                            Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
-                            Some((j, v)) if j != i && bts[j].version == v => {
-                                common_prefix(&bts[j].frames, &bts[i].frames)
-                            }
-                            _ => 0,
-                        };
-                        last_written[slot] = Some((i, bts[i].version));
                         let cut_before = w.stats().cut_backtraces;
-                        let bt = &mut bts[i];
                         let resolve = |c| codes.meanings.get(&c).cloned();
                         let out_id = match s.share.as_mut() {
                             Some(share) => {
                                 // encoded whole in its share, as a decoding thread would (the
-                                // hints: the frames' entries in the input)
+                                // hints: the frames' entries in the input), in merged codes
+                                let bt = &bts[i];
                                 scratch.clear();
                                 let mut sent = Vec::new();
                                 let (ncodes, done) = share.encode(
                                     tables.get_or_insert_with(CacheWriter::default),
                                     &mut scratch,
                                     bt.version as i64,
-                                    &s.raw,
+                                    &bt.frames,
                                     &bt.hints,
                                     keep,
                                     ENCODING_ROOM,
@@ -945,8 +930,11 @@ fn merge_streams(
                                 );
                                 missed.clear();
                                 for (at, c) in sent {
-                                    scratch.set_u64(at, c.0);
-                                    missed.push(c);
+                                    let out = st.remap.get(&c).copied().unwrap_or(c);
+                                    if out != c {
+                                        scratch.set_u64(at, out.0);
+                                    }
+                                    missed.push(out);
                                 }
                                 if done < bt.frames.len() {
                                     st.report.cut_backtraces += 1;
@@ -964,17 +952,32 @@ fn merge_streams(
                                     resolve,
                                 )?
                             }
-                            None => w.put_alloc_hinted(
-                                Timestamp(time),
-                                dom,
-                                length,
-                                n,
-                                source,
-                                common,
-                                &bt.frames[common..],
-                                &mut bt.hints[common..],
-                                resolve,
-                            )?,
+                            None => {
+                                // What it shares with the last allocation written in its
+                                // domain: the stream's own common prefix when that was this
+                                // stream's previous one.
+                                let slot = s.out_slot;
+                                let common = match last_written[slot] {
+                                    Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
+                                    Some((j, v)) if j != i && bts[j].version == v => {
+                                        common_prefix(&bts[j].frames, &bts[i].frames)
+                                    }
+                                    _ => 0,
+                                };
+                                last_written[slot] = Some((i, bts[i].version));
+                                let bt = &mut bts[i];
+                                w.put_alloc_hinted(
+                                    Timestamp(time),
+                                    dom,
+                                    length,
+                                    n,
+                                    source,
+                                    common,
+                                    &bt.frames[common..],
+                                    &mut bt.hints[common..],
+                                    resolve,
+                                )?
+                            }
                         };
                         if w.stats().cut_backtraces != cut_before {
                             st.report.cut_backtraces += 1;
