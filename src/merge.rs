@@ -4,8 +4,7 @@
 use crate::backtrace::CacheWriter;
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::ENCODING_ROOM;
-use crate::decode::{Batch, Decoder, Ev, StreamSpec};
+use crate::decode::{Batch, Decoder, Ev, StreamSpec, ENCODING_ROOM};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -95,11 +94,13 @@ pub struct MergeOptions {
     /// Threads decoding the inputs ahead of the merge (None: the cores but one, at least
     /// one, at most four). The output does not depend on it.
     pub decode_threads: Option<usize>,
-    /// Have the decoding threads encode the backtraces of streams that take turns in one
-    /// output domain, each whole in its own share of the domain's cache (see
-    /// [`crate::share`]), rather than the merging thread after the previous allocation's.
-    /// None: when that pays (backtraces that repeat much of the stream's previous one);
-    /// never for thinned inputs, with `tag_processes`, or beyond 16 streams a domain.
+    /// Encode the backtraces of streams that take turns in one output domain ahead, each
+    /// whole in its own share of the domain's cache (see [`crate::share`]), on the
+    /// decoding threads (with a single one, every other stream on the merging thread, the
+    /// same way), rather than each after the previous allocation of the domain on the
+    /// merging thread. None: when that pays (backtraces that repeat much of the stream's
+    /// previous one); never for thinned inputs, with `tag_processes`, or beyond 16 streams
+    /// a domain. The output is valid either way, but not the same bytes.
     pub encode_ahead: Option<bool>,
 }
 
@@ -143,8 +144,7 @@ pub struct MergeReport {
     pub collects: u64,
     pub remapped_codes: u64,
     pub warnings: u64,
-    /// Whether backtraces were encoded ahead by the decoding threads
-    /// ([`MergeOptions::encode_ahead`]).
+    /// Whether backtraces were encoded ahead ([`MergeOptions::encode_ahead`]).
     pub encoded_ahead: bool,
 }
 
