@@ -334,7 +334,7 @@ pub struct CacheWriter {
 }
 
 /// A zeroed fixed-size table on the heap (no 128 KiB array on the stack).
-fn table<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
+pub(crate) fn table<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
     table_of(T::default())
 }
 

@@ -198,7 +198,6 @@ impl WriteBuf {
             self.u64(v as u64)
         }
     }
-    /// A string up to its first NUL, then a NUL (as OCaml's `put_string`).
     /// Append bytes as they are.
     pub fn extend(&mut self, s: &[u8]) {
         if self.len + s.len() > self.buf.len() {
@@ -207,7 +206,7 @@ impl WriteBuf {
         self.buf[self.len..self.len + s.len()].copy_from_slice(s);
         self.len += s.len();
     }
-
+    /// A string up to its first NUL, then a NUL (as OCaml's `put_string`).
     pub fn string(&mut self, s: &[u8]) {
         let n = s.iter().position(|&b| b == 0).unwrap_or(s.len());
         if self.len + n + 1 > self.buf.len() {

@@ -58,7 +58,19 @@ pub(crate) struct Batch {
     pub last: bool,
 }
 
+/// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
+const CUT: u32 = 1 << 31;
+
 impl Batch {
+    /// The encoding whose length word is at `head` in `enc`: where its codewords are, and
+    /// whether its backtrace had to be cut.
+    pub fn encoding(&self, head: usize) -> (std::ops::Range<usize>, bool) {
+        let b = self.enc.bytes();
+        let word = u32::from_le_bytes([b[head], b[head + 1], b[head + 2], b[head + 3]]);
+        let start = head + 4;
+        (start..start + (word & !CUT) as usize, word & CUT != 0)
+    }
+
     /// A batch with room for `events` events and their frames, so that filling it does
     /// not grow (copy and fault in) its vectors step by step.
     fn with_capacity(events: usize) -> Batch {
@@ -545,7 +557,7 @@ impl EventSink for Filler<'_> {
                 |i, at| misses.push((at as u32, backtrace[i])),
             );
             let len = enc.len() - head - 4;
-            let cut = if done < backtrace.len() { 1 << 31 } else { 0 };
+            let cut = if done < backtrace.len() { CUT } else { 0 };
             enc.set_u32(head, len as u32 | cut);
             (ncodes, done)
         } else {

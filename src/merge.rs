@@ -56,6 +56,25 @@ fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
     frames > 0 && frames >= 4 * new
 }
 
+/// The codes an encoding in a share sent whole (each at its offset in `buf`), in merged
+/// codes: written over the input's code in `buf` where that was remapped, and listed in
+/// `missed` (whose locations go out before the packet).
+fn merged_misses(
+    remap: &IntMap<LocationCode, LocationCode>,
+    buf: &mut WriteBuf,
+    sent: &[(u32, LocationCode)],
+    missed: &mut Vec<LocationCode>,
+) {
+    missed.clear();
+    for &(at, code) in sent {
+        let out = remap.get(&code).copied().unwrap_or(code);
+        if out != code {
+            buf.set_u64(at as usize, out.0);
+        }
+        missed.push(out);
+    }
+}
+
 /// Set (e.g. from a SIGINT handler) to make a running merge stop with an error; the
 /// temporary output is removed and nothing is written at the output path.
 pub static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -792,6 +811,7 @@ fn merge_streams(
     }
     let mut nevents = 0u64;
     let mut missed: Vec<LocationCode> = Vec::new();
+    let mut sent: Vec<(u32, LocationCode)> = Vec::new();
     // (the tables of the shares this thread encodes in, and its encodings)
     let mut tables: Option<CacheWriter> = None;
     let mut scratch = WriteBuf::with_capacity(4096);
@@ -831,27 +851,15 @@ fn merge_streams(
                     keep: ncodes,
                     new: nframes,
                 } if s.ahead => {
-                    let enc = &mut s.batch.enc;
-                    let head = s.enc_pos;
-                    let word = enc.bytes()[head..head + 4]
-                        .iter()
-                        .rev()
-                        .fold(0u32, |a, &b| a << 8 | b as u32);
-                    let (start, end) = (head + 4, head + 4 + (word & 0x7fff_ffff) as usize);
-                    s.enc_pos = end;
-                    // the codes sent whole, in merged codes (their locations go out first)
-                    missed.clear();
-                    while let Some(&(at, code)) = s.batch.misses.get(s.miss_pos) {
-                        if at as usize >= end {
-                            break;
-                        }
-                        let out = st.remap.get(&code).copied().unwrap_or(code);
-                        if out != code {
-                            enc.set_u64(at as usize, out.0);
-                        }
-                        missed.push(out);
+                    let (at, cut) = s.batch.encoding(s.enc_pos);
+                    s.enc_pos = at.end;
+                    let first = s.miss_pos;
+                    while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
+                    {
                         s.miss_pos += 1;
                     }
+                    let sent = &s.batch.misses[first..s.miss_pos];
+                    merged_misses(&st.remap, &mut s.batch.enc, sent, &mut missed);
                     st.report.allocs += 1;
                     st.report.samples_read += nsamples;
                     let out_id = w.put_alloc_encoded(
@@ -862,11 +870,11 @@ fn merge_streams(
                         source,
                         nframes as usize,
                         ncodes as usize,
-                        &enc.bytes()[start..end],
+                        &s.batch.enc.bytes()[at],
                         &missed,
                         |c| codes.meanings.get(&c).cloned(),
                     )?;
-                    if word >> 31 != 0 {
+                    if cut {
                         st.report.cut_backtraces += 1;
                     }
                     st.live.insert(id, out_id.0);
@@ -917,7 +925,7 @@ fn merge_streams(
                                 // hints: the frames' entries in the input), in merged codes
                                 let bt = &bts[i];
                                 scratch.clear();
-                                let mut sent = Vec::new();
+                                sent.clear();
                                 let (ncodes, done) = share.encode(
                                     tables.get_or_insert_with(CacheWriter::default),
                                     &mut scratch,
@@ -926,16 +934,9 @@ fn merge_streams(
                                     &bt.hints,
                                     keep,
                                     ENCODING_ROOM,
-                                    |k, at| sent.push((at, bt.frames[k])),
+                                    |k, at| sent.push((at as u32, bt.frames[k])),
                                 );
-                                missed.clear();
-                                for (at, c) in sent {
-                                    let out = st.remap.get(&c).copied().unwrap_or(c);
-                                    if out != c {
-                                        scratch.set_u64(at, out.0);
-                                    }
-                                    missed.push(out);
-                                }
+                                merged_misses(&st.remap, &mut scratch, &sent, &mut missed);
                                 if done < bt.frames.len() {
                                     st.report.cut_backtraces += 1;
                                 }

@@ -12,7 +12,7 @@
 //! still there. A position is looked at only when something this source wrote since may
 //! have changed it (the positions in "doubt"), as in a path that holds one entry twice.
 
-use crate::backtrace::{CacheWriter, CACHE_SIZE};
+use crate::backtrace::{table, CacheWriter, CACHE_SIZE};
 use crate::buf::WriteBuf;
 use crate::event::LocationCode;
 
@@ -53,14 +53,6 @@ pub struct Share {
     xlat: Box<[u16; CACHE_SIZE]>,
 }
 
-/// A table of `CACHE_SIZE` zeros on the heap.
-fn zeros<T: Copy + Default>() -> Box<[T; CACHE_SIZE]> {
-    vec![T::default(); CACHE_SIZE]
-        .into_boxed_slice()
-        .try_into()
-        .unwrap_or_else(|_| unreachable!())
-}
-
 impl Share {
     pub fn new(of: ShareOf) -> Share {
         let count = of.count.max(1) as usize;
@@ -70,10 +62,10 @@ impl Share {
             lo: 1 + of.index as usize * len,
             len,
             at: Vec::new(),
-            uses: zeros(),
+            uses: table(),
             doubt: Vec::new(),
             tangled: false,
-            xlat: zeros(),
+            xlat: table(),
         }
     }
 

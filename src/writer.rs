@@ -458,7 +458,8 @@ impl<W: Write> Writer<W> {
             // a long encoding: in a packet with the room (begin_event leaves only 4 KiB)
             let hdr = crate::packet::header_size(self.version);
             let room = MAX_PACKET_SIZE - s.packet.len();
-            if s.packet.len() > hdr && room < 100 + codewords.len() {
+            if s.packet.len() > hdr && room < MAX_EV_SIZE - backtrace::MAX_LENGTH + codewords.len()
+            {
                 self.flush_cold(si, time.0)?;
             }
         }
