@@ -6,8 +6,9 @@ use std::io::{self, Write};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-/// Bytes gathered before a buffer goes to the writing thread.
-const CHUNK: usize = 1 << 20;
+/// Bytes gathered before a buffer goes to the writing thread (small enough that the few
+/// buffers in use stay the same ones: each new one costs page faults).
+const CHUNK: usize = 1 << 18;
 /// Buffers in flight: the caller waits when the writing thread is this far behind.
 const IN_FLIGHT: usize = 4;
 
