@@ -1,8 +1,8 @@
 //! Merge speed and memory: the five `fork/` traces, and a synthetic set of four overlapping
 //! "processes" (~78 MB, 11 M events) written with the library's writer, then the same set
-//! twice as long to show memory stays flat. Each merge runs the release CLI as a child under
-//! `/usr/bin/time` for its peak RSS, into an output that does not exist yet (as a first
-//! merge does; replacing a file costs the file system a flush). Times are the median and
+//! twice as long to show memory stays flat. Each merge runs the release CLI as a child (its
+//! peak RSS from `wait4`), into an output that does not exist yet (as a first merge does;
+//! replacing a file costs the file system a flush). Times are the median and
 //! the best of several runs after an untimed one: this machine's timings vary by ±15% from
 //! run to run, more from hour to hour.
 //!
@@ -186,38 +186,49 @@ fn cli() -> PathBuf {
     bin
 }
 
+/// Run `cmd` as a child and wait for it with `wait4`: (wall seconds, peak RSS in KiB, its
+/// stderr). The peak RSS comes from the kernel's accounting of that child, so nothing (no
+/// `/usr/bin/time`) runs between the clock and the program timed.
+fn run_child(cmd: &mut Command) -> (f64, Option<u64>, String) {
+    use std::io::Read;
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    // (small: the child cannot block on a full pipe before it ends)
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data that `wait4` fills; `status` is a valid int.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    let secs = start.elapsed().as_secs_f64();
+    assert!(r == pid, "wait4 failed");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{:?} failed: {err}",
+        cmd.get_program()
+    );
+    // (`child` is not waited for again: dropping it does not wait)
+    let rss = u64::try_from(ru.ru_maxrss).ok().filter(|&k| k > 0);
+    (secs, rss, err)
+}
+
 /// Run one merge through the CLI into a fresh `out`; returns (wall seconds, peak RSS in
 /// KiB if known).
 fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
-    let bin = cli();
-    let has_time = Path::new("/usr/bin/time").exists();
     let _ = std::fs::remove_file(out);
-    let start = Instant::now();
-    let output = if has_time {
-        Command::new("/usr/bin/time")
-            .args(["-f", "RSS=%M"])
-            .arg(&bin)
-            .args(["merge", "-q", "-o"])
-            .arg(out)
-            .args(inputs)
-            .output()
-    } else {
-        Command::new(&bin)
-            .args(["merge", "-q", "-o"])
-            .arg(out)
-            .args(inputs)
-            .output()
-    }
-    .unwrap();
-    let secs = start.elapsed().as_secs_f64();
-    assert!(
-        output.status.success(),
-        "merge failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let rss = String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .find_map(|l| l.strip_prefix("RSS=").and_then(|v| v.trim().parse().ok()));
+    let mut cmd = Command::new(cli());
+    cmd.args(["merge", "-q", "-o"]).arg(out).args(inputs);
+    let (secs, rss, _) = run_child(&mut cmd);
     (secs, rss)
 }
 
@@ -253,14 +264,13 @@ fn ocaml_merge() -> Option<PathBuf> {
         .filter(|p| p.exists())
 }
 
-/// Run the OCaml merge (`merge.exe OUT IN...`) into a fresh `out`: wall seconds.
+/// Run the OCaml merge (`merge.exe OUT IN...`) into a fresh `out`: wall seconds, peak RSS.
 fn run_ocaml(exe: &Path, inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
     let _ = std::fs::remove_file(out);
-    let start = Instant::now();
-    let st = Command::new(exe).arg(out).args(inputs).status().unwrap();
-    let secs = start.elapsed().as_secs_f64();
-    assert!(st.success(), "the OCaml merge failed");
-    (secs, None)
+    let mut cmd = Command::new(exe);
+    cmd.arg(out).args(inputs);
+    let (secs, rss, _) = run_child(&mut cmd);
+    (secs, rss)
 }
 
 /// "N x faster" against the given time, and against the one measured now if any.
