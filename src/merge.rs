@@ -676,6 +676,12 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         }
     }
 
+    // Decoding starts first: it reads the inputs while the output file is made (dropped on
+    // an error below, the decoder stops its threads).
+    let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
+    let started = Instant::now();
+    let pipe = Decoder::start(specs, opened.len(), threads)
+        .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
     let out = BackgroundFile::new(file).map_err(|e| Error::io(output, "start writing", e))?;
@@ -692,11 +698,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         w.set_flush_on_domain_switch(false);
     }
 
-    let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let show_progress = opts.progress && std::io::stderr().is_terminal();
-    let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads)
-        .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let mut progress = Progress {
         show: show_progress,
         started,

@@ -371,6 +371,20 @@ impl Share {
 }
 
 #[cfg(test)]
+impl Share {
+    /// `uses` counts the positions of `at` in each entry.
+    fn check_uses(&self) {
+        let mut want = vec![0u32; CACHE_SIZE];
+        for &a in &self.at {
+            want[a as usize & M] += 1;
+        }
+        for (e, &n) in want.iter().enumerate() {
+            assert_eq!(self.uses[e], n, "uses of entry {e}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::{AllocSource, DomainId, Event, Timestamp};
@@ -519,6 +533,7 @@ mod tests {
                 locs,
             )
             .unwrap();
+            shares[src].check_uses();
             cuts += (done < bt.len()) as usize;
             written.push(bt[..done].to_vec());
             last[src] = bt;

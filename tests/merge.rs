@@ -733,14 +733,16 @@ fn output_safety() {
     std::fs::write(&out, b"old").unwrap();
     merge(std::slice::from_ref(&input), &out, &MergeOptions::default()).unwrap();
     assert_eq!(std::fs::read(&out).unwrap(), before);
-    // unwritable directory
-    let e = merge(
-        &[input],
-        Path::new("/proc/no-such-dir/out.ctf"),
-        &MergeOptions::default(),
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("/proc/no-such-dir"), "{e}");
+    // unwritable directory (one input, and two: decoding has started by then, and stops)
+    for inputs in [vec![input.clone()], vec![input, data("fork/child-4.ctf")]] {
+        let e = merge(
+            &inputs,
+            Path::new("/proc/no-such-dir/out.ctf"),
+            &MergeOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("/proc/no-such-dir"), "{e}");
+    }
     // no inputs, empty paths
     assert!(merge(&[], &out, &MergeOptions::default()).is_err());
     assert!(merge(&[PathBuf::new()], &out, &MergeOptions::default()).is_err());
