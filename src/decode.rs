@@ -56,6 +56,11 @@ pub(crate) struct Batch {
     pub misses: Vec<(u32, LocationCode)>,
     /// The stream has no events after this batch.
     pub last: bool,
+    /// The batch's place in its stream (0 for the first).
+    pub seq: u64,
+    /// Its allocations come encoded in `enc` (the stream is in a share and the decoding
+    /// thread held its [`Encoder`]); else as kept and new frames.
+    pub encoded: bool,
 }
 
 /// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
@@ -84,6 +89,8 @@ impl Batch {
             enc: WriteBuf::with_capacity(0),
             misses: Vec::new(),
             last: false,
+            seq: 0,
+            encoded: false,
         }
     }
 
@@ -96,6 +103,39 @@ impl Batch {
         self.enc.clear();
         self.misses.clear();
         self.last = false;
+        self.encoded = false;
+    }
+}
+
+/// The encoder of a stream in its share of an output domain's cache ([`crate::share`]).
+/// Whoever holds it encodes the stream's next batches: a decoding thread, ahead, or the
+/// merging thread, as it merges. It changes hands between batches, through the decoder's
+/// slot for the stream, and the bytes do not depend on who encoded what: an encoding
+/// depends on the stream's own earlier backtraces only.
+pub(crate) struct Encoder {
+    pub share: Share,
+    /// Its share's entries (the rest of these tables is unused).
+    pub tables: CacheWriter,
+    /// Allocations encoded so far (each encoding's date in the cache).
+    pub allocs: i64,
+    /// The batch it encodes next.
+    pub next_batch: u64,
+    /// The stream's last backtrace (the input's codes) and the input cache entries of its
+    /// frames: what a holder that does not read the stream itself goes on from.
+    pub frames: Vec<LocationCode>,
+    pub slots: Vec<u16>,
+}
+
+impl Encoder {
+    fn new(of: ShareOf) -> Encoder {
+        Encoder {
+            share: Share::new(of),
+            tables: CacheWriter::default(),
+            allocs: 0,
+            next_batch: 0,
+            frames: Vec::new(),
+            slots: Vec::new(),
+        }
     }
 }
 
@@ -108,6 +148,19 @@ pub(crate) struct StreamSpec {
     pub size: u64,
     /// Encode each backtrace whole, in this share of the output domain's cache.
     pub share: Option<ShareOf>,
+    /// The merging thread encodes it (at first: see [`Decoder::start`]).
+    pub on_main: bool,
+}
+
+/// How streams in shares change hands between the merging thread and a single decoding
+/// thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    /// To whichever thread waits for the other ([`Decoder::balance`]).
+    Balanced,
+    /// (Tests) one stream's encoding changes hands every this many batches taken.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Every(u64),
 }
 
 /// What the decoder learned about each input.
@@ -158,6 +211,20 @@ struct Shared {
     abort: AtomicBool,
     free: Mutex<Vec<Batch>>,
     bytes_read: AtomicU64,
+    /// Per stream in a share: its encoder while neither thread holds it.
+    encoders: Vec<Mutex<Option<Box<Encoder>>>>,
+    /// Per stream: it is in a share, and the merging thread should encode it (else its
+    /// decoding thread).
+    in_share: Vec<bool>,
+    on_main: Vec<AtomicBool>,
+    /// How `on_main` changes (with one decoding thread; None: it does not).
+    handoff: Option<Handoff>,
+    /// Batches the merging thread took.
+    taken: AtomicU64,
+    /// Nanoseconds the merging thread waited for batches, and the decoding thread slept
+    /// with nothing to do, since [`Decoder::balance`] last looked.
+    merge_waited: AtomicU64,
+    decoder_slept: AtomicU64,
 }
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
@@ -172,6 +239,12 @@ const BATCH_FRAMES: usize = 8_192;
 
 /// Batches queued per stream ahead of the consumer.
 const DEPTH: usize = 4;
+
+/// Batches the merge takes between two looks at who waited for whom
+/// ([`Decoder::balance`]).
+const BALANCE_EVERY: u64 = 256;
+/// The difference in waiting that moves a stream's encoding.
+const BALANCE_MARGIN: Duration = Duration::from_millis(1);
 
 /// A decoding thread; it hands back its reports, per input index.
 type Worker = std::thread::JoinHandle<Vec<(usize, DecodeReport)>>;
@@ -198,11 +271,15 @@ fn share_out(specs: &[StreamSpec], n: usize) -> Vec<usize> {
 }
 
 impl Decoder {
-    /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads.
+    /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads. Streams
+    /// in a share are encoded by the merging thread or ahead, as their spec says at first;
+    /// with one decoding thread, streams then move to whichever thread waits for the other
+    /// (see [`Decoder::balance`]).
     pub fn start(
         streams: Vec<StreamSpec>,
         ninputs: usize,
         threads: usize,
+        handoff: Handoff,
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
         let owner = share_out(&streams, n);
@@ -219,6 +296,20 @@ impl Decoder {
             abort: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
             bytes_read: AtomicU64::new(0),
+            encoders: streams
+                .iter()
+                .map(|s| Mutex::new(s.share.map(|of| Box::new(Encoder::new(of)))))
+                .collect(),
+            in_share: streams.iter().map(|s| s.share.is_some()).collect(),
+            on_main: streams
+                .iter()
+                .map(|s| AtomicBool::new(s.share.is_some() && s.on_main))
+                .collect(),
+            handoff: (n == 1 && streams.iter().filter(|s| s.share.is_some()).count() > 1)
+                .then_some(handoff),
+            taken: AtomicU64::new(0),
+            merge_waited: AtomicU64::new(0),
+            decoder_slept: AtomicU64::new(0),
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -244,11 +335,16 @@ impl Decoder {
         let q = &self.shared.queues[i];
         let w = self.shared.owner[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting: Option<std::time::Instant> = None;
         loop {
             if let Some(b) = g.ready.pop_front() {
                 let left = g.ready.len();
                 q.queued.store(left, Ordering::Relaxed);
                 drop(g);
+                if let Some(t) = waiting {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
+                }
                 // The worker sleeps when every queue of its is full; wake it once this one
                 // is half empty, so that it fills several batches a time it wakes (waiting
                 // on an empty queue wakes it too, below).
@@ -264,6 +360,7 @@ impl Decoder {
                     ..Default::default()
                 };
             }
+            waiting.get_or_insert_with(std::time::Instant::now);
             self.poke(w);
             g.waiting = true;
             g =
@@ -271,6 +368,82 @@ impl Decoder {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             g.waiting = false;
+        }
+    }
+
+    /// The merging thread is done with a batch (before it gives an encoder back and waits
+    /// for the next batch, so that it never waits holding an encoder it should not).
+    pub fn tick(&self) {
+        let Some(handoff) = self.shared.handoff else {
+            return;
+        };
+        let taken = self.shared.taken.fetch_add(1, Ordering::Relaxed) + 1;
+        match handoff {
+            Handoff::Balanced if taken.is_multiple_of(BALANCE_EVERY) => self.balance(),
+            Handoff::Every(k) if taken.is_multiple_of(k.max(1)) => {
+                // the streams in shares in turn
+                let shares: Vec<usize> = (0..self.shared.in_share.len())
+                    .filter(|&i| self.shared.in_share[i])
+                    .collect();
+                let i = shares[(taken / k.max(1)) as usize % shares.len()];
+                let on = &self.shared.on_main[i];
+                on.store(!on.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the merging thread should encode stream `i` (in a share).
+    pub fn on_main(&self, i: usize) -> bool {
+        self.shared.on_main[i].load(Ordering::Relaxed)
+    }
+
+    /// Take stream `i`'s encoder from its slot (the decoding thread left it there before
+    /// the first batch it did not encode).
+    pub fn take_encoder(&self, i: usize) -> Option<Box<Encoder>> {
+        let mut slot = self.shared.encoders[i]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        slot.take()
+    }
+
+    /// Leave stream `i`'s encoder for its decoding thread (which may be waiting for it).
+    pub fn give_back(&self, i: usize, e: Box<Encoder>) {
+        *self.shared.encoders[i]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(e);
+        self.poke(self.shared.owner[i]);
+    }
+
+    /// With one decoding thread, every [`BALANCE_EVERY`] batches: if the merging thread
+    /// waited for batches [`BALANCE_MARGIN`] longer than the decoding thread slept with
+    /// nothing to do, it takes over one more stream's encoding; the other way round, it
+    /// gives one back. (The two threads' cores often run at different speeds, and which
+    /// one is slower changes from run to run.)
+    fn balance(&self) {
+        let sh = &*self.shared;
+        let waited = sh.merge_waited.swap(0, Ordering::Relaxed);
+        let slept = sh.decoder_slept.swap(0, Ordering::Relaxed);
+        let margin = BALANCE_MARGIN.as_nanos() as u64;
+        let to_main = if waited > slept + margin {
+            true
+        } else if slept > waited + margin {
+            false
+        } else {
+            return;
+        };
+        // the first stream in a share not where it should go (to the merging thread in
+        // order, back from the last)
+        let movable =
+            |&i: &usize| sh.in_share[i] && sh.on_main[i].load(Ordering::Relaxed) != to_main;
+        let n = sh.on_main.len();
+        let pick = if to_main {
+            (0..n).find(movable)
+        } else {
+            (0..n).rev().find(movable)
+        };
+        if let Some(i) = pick {
+            sh.on_main[i].store(to_main, Ordering::Relaxed);
         }
     }
 
@@ -357,14 +530,59 @@ struct DecState {
     reader: Option<Reader<crate::input::LazyFile>>,
     input: usize,
     bt_valid: bool,
-    /// The stream's share of the output cache, and its allocations so far, when encoded
-    /// ahead.
-    share: Option<(Share, i64)>,
+    /// The stream is in a share of its output domain's cache.
+    in_share: bool,
+    /// Its encoder, while this thread holds it.
+    enc: Option<Box<Encoder>>,
+    /// Batches filled so far.
+    seq: u64,
     done: bool,
     /// no batch filled yet (the first is small, so that the merge starts sooner)
     first: bool,
     /// bytes of this reader already added to the shared count
     counted: u64,
+}
+
+impl DecState {
+    /// Whether to fill the stream's next batch now. A stream in a share coming back to this
+    /// thread waits (its batches up to then are the merging thread's to encode) until the
+    /// merging thread has encoded all it was sent and left the encoder in its slot.
+    fn may_fill(&mut self, sh: &Shared) -> bool {
+        if !self.in_share || self.enc.is_some() || sh.on_main[self.index].load(Ordering::Relaxed) {
+            return true;
+        }
+        let mut slot = sh.encoders[self.index]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|e| e.next_batch == self.seq) {
+            self.enc = slot.take();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Before filling a batch: leave the encoder in its slot if the merging thread should
+    /// encode the stream from this batch on, with the backtrace it goes on from.
+    fn hand_over(&mut self, sh: &Shared) {
+        if !self.in_share || !sh.on_main[self.index].load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(mut e) = self.enc.take() {
+            e.next_batch = self.seq;
+            let (frames, slots) = match &self.reader {
+                Some(r) if self.bt_valid => r.last_backtrace(),
+                _ => (&[][..], &[][..]),
+            };
+            e.frames.clear();
+            e.frames.extend_from_slice(frames);
+            e.slots.clear();
+            e.slots.extend_from_slice(slots);
+            *sh.encoders[self.index]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    }
 }
 
 /// Worker `me` (of `nworkers`): decode `specs` ahead of the consumer, each stream at most
@@ -379,8 +597,6 @@ fn decode_all(
     let pool = FilePool::from_rlimit_share(nworkers);
     let batch_events = (131_072 / sh.queues.len().max(1)).clamp(64, BATCH_EVENTS);
     let mut st: Vec<DecState> = Vec::with_capacity(specs.len());
-    // the output cache as this thread's streams encoded ahead leave it (each in its share)
-    let mut tables: Option<CacheWriter> = None;
     for (index, s) in specs {
         let slot = match reports.iter().position(|(k, _)| *k == s.input) {
             Some(p) => p,
@@ -411,7 +627,9 @@ fn decode_all(
             reader,
             input: slot,
             bt_valid: false,
-            share: s.share.map(|of| (Share::new(of), 0)),
+            in_share: s.share.is_some(),
+            enc: None,
+            seq: 0,
             done: false,
             first: true,
             counted: 0,
@@ -427,13 +645,13 @@ fn decode_all(
         let mut pick = None;
         let mut fewest = DEPTH;
         let mut all_done = true;
-        for (k, s) in st.iter().enumerate() {
+        for (k, s) in st.iter_mut().enumerate() {
             if s.done {
                 continue;
             }
             all_done = false;
             let n = sh.queues[s.index].queued.load(Ordering::Relaxed);
-            if n < fewest {
+            if n < fewest && s.may_fill(sh) {
                 fewest = n;
                 pick = Some(k);
                 if n == 0 {
@@ -461,7 +679,10 @@ fn decode_all(
                 batch_events
             };
             s.first = false;
-            fill(s, &mut b, n, rep, &mut tables);
+            s.hand_over(sh);
+            b.seq = s.seq;
+            s.seq += 1;
+            fill(s, &mut b, n, rep);
             if let Some(r) = &s.reader {
                 let now = r.stats().bytes;
                 sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -484,12 +705,15 @@ fn decode_all(
             let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
             if !f.rung {
                 f.sleeping = true;
+                let t = std::time::Instant::now();
                 f = wake
                     .cv
                     .wait_timeout(f, Duration::from_millis(50))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
                 f.sleeping = false;
+                let ns = t.elapsed().as_nanos() as u64;
+                sh.decoder_slept.fetch_add(ns, Ordering::Relaxed);
             }
             f.rung = false;
         }
@@ -511,7 +735,7 @@ struct Filler<'a> {
     b: &'a mut Batch,
     key_bits: u128,
     bt_valid: &'a mut bool,
-    share: Option<(&'a mut (Share, i64), &'a mut CacheWriter)>,
+    enc: Option<&'a mut Encoder>,
 }
 
 impl EventSink for Filler<'_> {
@@ -541,16 +765,16 @@ impl EventSink for Filler<'_> {
         };
         *self.bt_valid = true;
         // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
-        let (first, second) = if let Some(((share, ids), tables)) = &mut self.share {
+        let (first, second) = if let Some(e) = &mut self.enc {
             let enc = &mut self.b.enc;
             let head = enc.len();
             enc.u32(0);
             let misses = &mut self.b.misses;
-            *ids += 1;
-            let (ncodes, done) = share.encode(
-                tables,
+            e.allocs += 1;
+            let (ncodes, done) = e.share.encode(
+                &mut e.tables,
                 enc,
-                *ids,
+                e.allocs,
                 backtrace,
                 slots,
                 keep,
@@ -595,15 +819,10 @@ impl EventSink for Filler<'_> {
     }
 }
 
-/// Decode up to `n` events of a stream into `b` (encoding its backtraces in `tables`, made
-/// on first use, when the stream is encoded ahead).
-fn fill(
-    s: &mut DecState,
-    b: &mut Batch,
-    n: usize,
-    rep: &mut DecodeReport,
-    tables: &mut Option<CacheWriter>,
-) {
+/// Decode up to `n` events of a stream into `b` (encoding its backtraces when this thread
+/// holds the stream's encoder).
+fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
+    b.encoded = s.enc.is_some();
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
         return;
@@ -612,10 +831,7 @@ fn fill(
         b,
         key_bits: s.key_bits,
         bt_valid: &mut s.bt_valid,
-        share: s
-            .share
-            .as_mut()
-            .map(|sh| (sh, tables.get_or_insert_with(CacheWriter::default))),
+        enc: s.enc.as_deref_mut(),
     };
     match r.read_events(&mut sink, n) {
         Ok(true) => {}

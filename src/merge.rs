@@ -1,10 +1,9 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
 
-use crate::backtrace::CacheWriter;
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::{Batch, Decoder, Ev, StreamSpec, ENCODING_ROOM};
+use crate::decode::{Batch, Decoder, Encoder, Ev, Handoff, StreamSpec, ENCODING_ROOM};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -12,7 +11,7 @@ use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::BackgroundFile;
 use crate::reader::{scan_domains, Reader};
-use crate::share::{Share, ShareOf};
+use crate::share::ShareOf;
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
@@ -313,14 +312,53 @@ struct Stream {
     loc_pos: usize,
     /// index of `out_domain` among the output domains
     out_slot: usize,
-    /// Its backtraces come encoded (in the batch's `enc`, read from `enc_pos`, with the
-    /// codes sent whole from `miss_pos` in its `misses`).
-    ahead: bool,
+    /// It is encoded in a share of its output domain's cache: its batches come encoded (in
+    /// the batch's `enc`, read from `enc_pos`, with the codes sent whole from `miss_pos` in
+    /// its `misses`), or this thread encodes them, the same way, holding `enc` (its
+    /// backtrace is then kept in the input's codes).
+    in_share: bool,
     enc_pos: usize,
     miss_pos: usize,
-    /// Its share of the output domain's cache, when this thread encodes it (as ahead, in
-    /// the input's codes: the same bytes; its backtrace is then kept in the input's codes).
-    share: Option<Box<Share>>,
+    enc: Option<Box<Encoder>>,
+}
+
+impl Stream {
+    /// A batch begins: when this thread is to encode it (a stream in a share whose batch
+    /// came unencoded), it takes the encoder and its backtrace (`bt`, the stream's).
+    fn begin_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) -> Result<()> {
+        if !self.in_share || self.batch.encoded || self.enc.is_some() {
+            return Ok(());
+        }
+        match pipe.take_encoder(i) {
+            Some(mut e) if e.next_batch == self.batch.seq => {
+                std::mem::swap(&mut e.frames, &mut bt.frames);
+                std::mem::swap(&mut e.slots, &mut bt.hints);
+                bt.version = e.allocs as u64;
+                self.enc = Some(e);
+                Ok(())
+            }
+            _ => Err(Error::Write(format!(
+                "internal error: stream {i}'s encoder was not handed over for batch {}",
+                self.batch.seq
+            ))),
+        }
+    }
+
+    /// A batch ends: the encoder goes back to the decoding thread if that one should
+    /// encode the stream from now on.
+    fn end_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) {
+        if let Some(e) = &mut self.enc {
+            e.next_batch = self.batch.seq + 1;
+            if !pipe.on_main(i) {
+                if let Some(mut e) = self.enc.take() {
+                    std::mem::swap(&mut e.frames, &mut bt.frames);
+                    std::mem::swap(&mut e.slots, &mut bt.hints);
+                    e.allocs = bt.version as i64;
+                    pipe.give_back(i, e);
+                }
+            }
+        }
+    }
 }
 
 /// Each stream's current allocation backtrace in merged codes (tag frame first if any; in
@@ -421,6 +459,17 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
 /// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
 /// `output`, written to a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
+    merge_with(inputs, output, opts, Handoff::Balanced)
+}
+
+/// [`merge`], with streams encoded in shares changing hands between the threads as
+/// `handoff` says.
+fn merge_with(
+    inputs: &[PathBuf],
+    output: &Path,
+    opts: &MergeOptions,
+    handoff: Handoff,
+) -> Result<MergeReport> {
     if inputs.is_empty() {
         return Err(Error::Usage("no input traces".into()));
     }
@@ -615,6 +664,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 domain: if i.version >= 3 { Some(d) } else { None },
                 size,
                 share: None,
+                on_main: false,
             });
             streams.push(Stream {
                 input: k,
@@ -624,10 +674,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                 frame_pos: 0,
                 loc_pos: 0,
                 out_slot,
-                ahead: false,
+                in_share: false,
                 enc_pos: 0,
                 miss_pos: 0,
-                share: None,
+                enc: None,
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -642,9 +692,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
         std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
     });
     // Streams that take turns in one output domain, encoded ahead when that pays: by the
-    // decoding threads, but for every other stream when a single thread decodes, which the
-    // merging thread encodes the same way (in its share: the same bytes), or that single
-    // thread would have twice the merging thread's work.
+    // decoding threads, but with a single one, every other stream by the merging thread (in
+    // its share: the same bytes), or that thread would have twice the merging thread's
+    // work; streams then move to whichever thread is waiting for the other.
     let mut encoded_ahead = false;
     for slot in 0..out_domains.len() {
         let members: Vec<usize> = (0..streams.len())
@@ -666,12 +716,9 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
                     index: rank as u16,
                     count: members.len() as u16,
                 };
-                if threads == 1 && rank % 2 == 1 {
-                    streams[j].share = Some(Box::new(Share::new(of)));
-                } else {
-                    specs[j].share = Some(of);
-                    streams[j].ahead = true;
-                }
+                specs[j].share = Some(of);
+                specs[j].on_main = threads == 1 && rank % 2 == 1;
+                streams[j].in_share = true;
             }
         }
     }
@@ -680,7 +727,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<M
     // an error below, the decoder stops its threads).
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads)
+    let pipe = Decoder::start(specs, opened.len(), threads, handoff)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
@@ -807,6 +854,7 @@ fn merge_streams(
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
+        s.begin_batch(i, pipe, &mut bts[i])?;
         if s.pos < s.batch.evs.len() {
             heap.push(Reverse(s.batch.keys[0]));
         }
@@ -814,8 +862,7 @@ fn merge_streams(
     let mut nevents = 0u64;
     let mut missed: Vec<LocationCode> = Vec::new();
     let mut sent: Vec<(u32, LocationCode)> = Vec::new();
-    // (the tables of the shares this thread encodes in, and its encodings)
-    let mut tables: Option<CacheWriter> = None;
+    // (the encodings this thread makes in shares)
     let mut scratch = WriteBuf::with_capacity(4096);
     while let Some(&Reverse(first)) = heap.peek() {
         let i = first as u32 as usize;
@@ -852,7 +899,7 @@ fn merge_streams(
                     source,
                     keep: ncodes,
                     new: nframes,
-                } if s.ahead => {
+                } if s.batch.encoded => {
                     let (at, cut) = s.batch.encoding(s.enc_pos);
                     s.enc_pos = at.end;
                     let first = s.miss_pos;
@@ -901,7 +948,7 @@ fn merge_streams(
                     bt.hints
                         .extend_from_slice(&s.batch.slots[f..f + new as usize]);
                     // (a stream this thread encodes in its share keeps the input's codes)
-                    if st.remap.is_empty() || s.share.is_some() {
+                    if st.remap.is_empty() || s.in_share {
                         bt.frames.extend_from_slice(fresh);
                     } else {
                         let remap = &st.remap;
@@ -921,15 +968,15 @@ fn merge_streams(
                     } else {
                         let cut_before = w.stats().cut_backtraces;
                         let resolve = |c| codes.meanings.get(&c).cloned();
-                        let out_id = match s.share.as_mut() {
-                            Some(share) => {
+                        let out_id = match s.enc.as_mut() {
+                            Some(e) => {
                                 // encoded whole in its share, as a decoding thread would (the
                                 // hints: the frames' entries in the input), in merged codes
                                 let bt = &bts[i];
                                 scratch.clear();
                                 sent.clear();
-                                let (ncodes, done) = share.encode(
-                                    tables.get_or_insert_with(CacheWriter::default),
+                                let (ncodes, done) = e.share.encode(
+                                    &mut e.tables,
                                     &mut scratch,
                                     bt.version as i64,
                                     &bt.frames,
@@ -1023,6 +1070,8 @@ fn merge_streams(
             }
             s.pos += 1;
             if s.pos == s.batch.evs.len() && !s.batch.last {
+                pipe.tick();
+                s.end_batch(i, pipe, &mut bts[i]);
                 let next = pipe.next_batch(i);
                 pipe.recycle(std::mem::replace(&mut s.batch, next));
                 s.pos = 0;
@@ -1030,6 +1079,7 @@ fn merge_streams(
                 s.loc_pos = 0;
                 s.enc_pos = 0;
                 s.miss_pos = 0;
+                s.begin_batch(i, pipe, &mut bts[i])?;
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {
@@ -1115,4 +1165,121 @@ pub fn format_report(r: &MergeReport) -> String {
         }
     ));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{AllocSource, LocationCode};
+    use crate::writer::{Writer, WriterOptions};
+
+    fn data(p: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(p)
+    }
+
+    /// A trace of 4,000 allocations whose stacks repeat, in codes 1000.. that mean
+    /// something of `file`'s (two such traces of different files collide on every code).
+    fn write_repeating(path: &Path, pid: u64, file: &str) {
+        let info = TraceInfo {
+            sample_rate: 1e-4,
+            word_size: 64,
+            executable_name: file.as_bytes().to_vec(),
+            host_name: b"h".to_vec(),
+            ocaml_runtime_params: Vec::new(),
+            pid,
+            start_time: Timestamp(1_000_000 + pid),
+            context: None,
+            initial_domain: DomainId(0),
+            version: 2,
+        };
+        let opts = WriterOptions {
+            version: 2,
+            lossless: true,
+        };
+        let mut w = Writer::new(std::fs::File::create(path).unwrap(), &info, opts).unwrap();
+        let loc = |c: LocationCode| {
+            Some(Arc::from(vec![Location {
+                filename: Arc::from(file.as_bytes()),
+                line: c.0 as u32,
+                start_char: 0,
+                end_char: 1,
+                defname: Arc::from(format!("f{}", c.0).as_bytes()),
+            }]))
+        };
+        let mut t = 1_000_000 + pid;
+        for k in 0..4000u64 {
+            t += 3 + k % 5;
+            let s = k / (20 + pid) % 9;
+            let bt: Vec<LocationCode> = (0..12 + s * 3)
+                .map(|d| LocationCode(1000 + (s * 17 + d * 5) % 60))
+                .collect();
+            let id = w
+                .put_alloc(
+                    Timestamp(t),
+                    DomainId(0),
+                    2,
+                    1,
+                    AllocSource::Minor,
+                    &bt,
+                    loc,
+                )
+                .unwrap();
+            if k % 3 == 0 {
+                w.put_collect(Timestamp(t), DomainId(0), id).unwrap();
+            }
+        }
+        w.finish().unwrap();
+    }
+
+    /// However often the streams encoded in shares change hands between the merging
+    /// thread and the decoding thread (from every batch on), the bytes are those of a
+    /// merge whose decoding threads encode every stream: with codes remapped, and with the
+    /// domains of a format-3 input as streams of their own.
+    #[test]
+    fn handing_encoders_over_does_not_change_the_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let gen: Vec<PathBuf> = ["alpha.ml", "beta.ml", "alpha.ml"]
+            .iter()
+            .enumerate()
+            .map(|(k, file)| {
+                let p = dir.path().join(format!("{k}.ctf"));
+                write_repeating(&p, k as u64 + 1, file);
+                p
+            })
+            .collect();
+        let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
+            .iter()
+            .map(|n| data(&format!("fork/{n}.ctf")))
+            .collect();
+        let mut with_v3 = fork.clone();
+        with_v3.push(data("v3/multidomain.ctf"));
+        let sets: [(Vec<PathBuf>, Option<u16>); 3] =
+            [(gen, None), (fork, None), (with_v3, Some(2))];
+        for (set, format) in sets {
+            let run = |threads: usize, handoff: Handoff| {
+                let out = dir.path().join("out.ctf");
+                let opts = MergeOptions {
+                    decode_threads: Some(threads),
+                    encode_ahead: Some(true),
+                    format,
+                    progress: false,
+                    ..Default::default()
+                };
+                let r = merge_with(&set, &out, &opts, handoff).unwrap();
+                assert!(r.encoded_ahead);
+                (std::fs::read(&out).unwrap(), r.remapped_codes)
+            };
+            let (want, remapped) = run(2, Handoff::Balanced);
+            for k in [1, 2, 3, 7] {
+                let (got, _) = run(1, Handoff::Every(k));
+                assert!(
+                    got == want,
+                    "handed over every {k} batches ({} inputs, {remapped} codes remapped): other bytes",
+                    set.len()
+                );
+            }
+        }
+    }
 }

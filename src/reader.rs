@@ -534,6 +534,16 @@ impl<R: Read> Reader<R> {
         Ok(Some(p))
     }
 
+    /// The backtrace of the last allocation read, with its cache entries (if kept): empty
+    /// before the first, or when backtraces are not parsed. (With a domain filter, the
+    /// filtered domain's: the reader only reads its packets.)
+    pub(crate) fn last_backtrace(&self) -> (&[crate::event::LocationCode], &[u16]) {
+        match self.domains.get(self.cur) {
+            Some(d) if self.parse_backtraces => (d.cache.backtrace(), d.cache.slots()),
+            _ => (&[], &[]),
+        }
+    }
+
     /// The backtrace of the allocation just read (empty when backtraces are not parsed).
     #[inline(always)]
     fn current_backtrace(&self) -> &[crate::event::LocationCode] {
