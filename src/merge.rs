@@ -1183,16 +1183,10 @@ mod tests {
     /// something of `file`'s (two such traces of different files collide on every code).
     fn write_repeating(path: &Path, pid: u64, file: &str) {
         let info = TraceInfo {
-            sample_rate: 1e-4,
-            word_size: 64,
             executable_name: file.as_bytes().to_vec(),
-            host_name: b"h".to_vec(),
-            ocaml_runtime_params: Vec::new(),
             pid,
             start_time: Timestamp(1_000_000 + pid),
-            context: None,
-            initial_domain: DomainId(0),
-            version: 2,
+            ..crate::writer::tests::info(2)
         };
         let opts = WriterOptions {
             version: 2,

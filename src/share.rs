@@ -388,7 +388,6 @@ impl Share {
 mod tests {
     use super::*;
     use crate::event::{AllocSource, DomainId, Event, Timestamp};
-    use crate::info::TraceInfo;
     use crate::reader::Reader;
     use crate::writer::tests::locs;
     use crate::writer::{common_prefix, Writer, WriterOptions};
@@ -450,18 +449,7 @@ mod tests {
     /// do: every backtrace read back is the one written.
     fn round_trip(seed: u64, sources: u64, count: u16, pool: u64, n: usize, threads: usize) {
         let mut r = Rng(seed);
-        let info = TraceInfo {
-            sample_rate: 1e-4,
-            word_size: 64,
-            executable_name: b"t".to_vec(),
-            host_name: b"h".to_vec(),
-            ocaml_runtime_params: Vec::new(),
-            pid: 1,
-            start_time: Timestamp(1_000_000),
-            context: None,
-            initial_domain: DomainId(0),
-            version: 2,
-        };
+        let info = crate::writer::tests::info(2);
         let opts = WriterOptions {
             version: 2,
             lossless: true,

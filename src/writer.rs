@@ -812,7 +812,8 @@ pub(crate) mod tests {
     use crate::reader::Reader;
     use std::sync::Arc;
 
-    fn info(version: u16) -> TraceInfo {
+    /// A trace info for tests (pid 1, rate 1e-4, started at 1 s).
+    pub(crate) fn info(version: u16) -> TraceInfo {
         TraceInfo {
             sample_rate: 1e-4,
             word_size: 64,
