@@ -546,7 +546,8 @@ struct DecState {
 impl DecState {
     /// Whether to fill the stream's next batch now. A stream in a share coming back to this
     /// thread waits (its batches up to then are the merging thread's to encode) until the
-    /// merging thread has encoded all it was sent and left the encoder in its slot.
+    /// merging thread has encoded all it was sent and left the encoder in its slot; this
+    /// takes the encoder then, even if another stream is filled first.
     fn may_fill(&mut self, sh: &Shared) -> bool {
         if !self.in_share || self.enc.is_some() || sh.on_main[self.index].load(Ordering::Relaxed) {
             return true;
