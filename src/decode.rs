@@ -225,6 +225,16 @@ struct Shared {
     /// with nothing to do, since [`Decoder::balance`] last looked.
     merge_waited: AtomicU64,
     decoder_slept: AtomicU64,
+    /// Per stream: its decoding state, once its decoding thread has opened it. Whoever
+    /// holds the lock fills the stream's next batch (and queues it before letting go);
+    /// the merging thread fills one itself rather than wait for it (streams not in a
+    /// share), when the decoding thread is not filling that stream.
+    states: Vec<Mutex<Option<DecState>>>,
+    /// Events a batch holds (fewer with many streams).
+    batch_events: usize,
+    /// (Tests) the decoding threads pause this long after each batch: the merging thread
+    /// then fills most batches itself.
+    pause: Duration,
 }
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
@@ -280,6 +290,7 @@ impl Decoder {
         ninputs: usize,
         threads: usize,
         handoff: Handoff,
+        pause: Duration,
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
         let owner = share_out(&streams, n);
@@ -310,6 +321,9 @@ impl Decoder {
             taken: AtomicU64::new(0),
             merge_waited: AtomicU64::new(0),
             decoder_slept: AtomicU64::new(0),
+            states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
+            batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
+            pause,
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -361,6 +375,22 @@ impl Decoder {
                 };
             }
             waiting.get_or_insert_with(std::time::Instant::now);
+            if !self.shared.in_share[i] {
+                drop(g);
+                if let Some(b) = self.fill_here(i) {
+                    if let Some(t) = waiting {
+                        let ns = t.elapsed().as_nanos() as u64;
+                        self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    // (the decoding thread may be waiting for this stream to end)
+                    self.poke(w);
+                    return b;
+                }
+                g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+                if !g.ready.is_empty() {
+                    continue;
+                }
+            }
             self.poke(w);
             g.waiting = true;
             g =
@@ -369,6 +399,27 @@ impl Decoder {
                     .0;
             g.waiting = false;
         }
+    }
+
+    /// Stream `i`'s next batch, filled by this thread, if its decoding thread is not
+    /// filling it right now (and has opened it): from its queue if one came in meanwhile.
+    fn fill_here(&self, i: usize) -> Option<Batch> {
+        let sh = &*self.shared;
+        let mut st = try_lock(&sh.states[i])?;
+        let s = st.as_mut()?;
+        let q = &sh.queues[i];
+        let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = g.ready.pop_front() {
+            q.queued.store(g.ready.len(), Ordering::Relaxed);
+            return Some(b);
+        }
+        drop(g);
+        if s.done {
+            return None;
+        }
+        #[cfg(test)]
+        FILLED_HERE.fetch_add(1, Ordering::Relaxed);
+        Some(fill_next(sh, s))
     }
 
     /// The merging thread is done with a batch (before it gives an encoder back and waits
@@ -528,7 +579,9 @@ struct DecState {
     /// the key bits of this stream's events below the time and rank, see [`order_key`]
     key_bits: u128,
     reader: Option<Reader<crate::input::LazyFile>>,
+    /// the stream's input, and what was learned about it reading this stream
     input: usize,
+    rep: DecodeReport,
     bt_valid: bool,
     /// The stream is in a share of its output domain's cache.
     in_share: bool,
@@ -586,6 +639,51 @@ impl DecState {
     }
 }
 
+/// (Tests) batches the merging thread filled itself.
+#[cfg(test)]
+pub(crate) static FILLED_HERE: AtomicU64 = AtomicU64::new(0);
+
+/// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
+fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Fill the next batch of stream `s`, whose lock the caller holds.
+fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
+    let mut b = sh
+        .free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop()
+        .unwrap_or_else(|| Batch::with_capacity(sh.batch_events));
+    let n = if s.first {
+        FIRST_BATCH_EVENTS
+    } else {
+        sh.batch_events
+    };
+    s.first = false;
+    s.hand_over(sh);
+    b.seq = s.seq;
+    s.seq += 1;
+    fill(s, &mut b, n);
+    if let Some(r) = &s.reader {
+        let now = r.stats().bytes;
+        sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
+        s.counted = now;
+    }
+    if b.last {
+        s.done = true;
+        if let Some(r) = s.reader.take() {
+            s.rep.skipped_packets += r.stats().skipped_packets;
+        }
+    }
+    b
+}
+
 /// Worker `me` (of `nworkers`): decode `specs` ahead of the consumer, each stream at most
 /// [`DEPTH`] batches ahead, until all end or the consumer stops. Reports per input.
 fn decode_all(
@@ -594,18 +692,10 @@ fn decode_all(
     nworkers: usize,
     specs: Vec<(usize, StreamSpec)>,
 ) -> Vec<(usize, DecodeReport)> {
-    let mut reports: Vec<(usize, DecodeReport)> = Vec::new();
     let pool = FilePool::from_rlimit_share(nworkers);
-    let batch_events = (131_072 / sh.queues.len().max(1)).clamp(64, BATCH_EVENTS);
-    let mut st: Vec<DecState> = Vec::with_capacity(specs.len());
+    let mut mine: Vec<usize> = Vec::with_capacity(specs.len());
     for (index, s) in specs {
-        let slot = match reports.iter().position(|(k, _)| *k == s.input) {
-            Some(p) => p,
-            None => {
-                reports.push((s.input, DecodeReport::default()));
-                reports.len() - 1
-            }
-        };
+        let mut rep = DecodeReport::default();
         let reader = pool
             .open(&s.path)
             .map_err(|e| crate::error::Error::io(&s.path, "open", e))
@@ -617,16 +707,16 @@ fn decode_all(
                 Some(r)
             }
             Err(e) => {
-                let msg = format!("could not be read again: {e}");
-                reports[slot].1.warnings.push(msg);
+                rep.warnings.push(format!("could not be read again: {e}"));
                 None
             }
         };
-        st.push(DecState {
+        *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(DecState {
             index,
             key_bits: order_key(0, s.input, 0, index),
             reader,
-            input: slot,
+            input: s.input,
+            rep,
             bt_valid: false,
             in_share: s.share.is_some(),
             enc: None,
@@ -635,6 +725,7 @@ fn decode_all(
             first: true,
             counted: 0,
         });
+        mine.push(index);
     }
     let wake = &sh.wakes[me];
     loop {
@@ -642,19 +733,24 @@ fn decode_all(
             break;
         }
         // Fill the stream with the fewest batches ready (the one the merge may be waiting
-        // for), one batch at a time.
+        // for), one batch at a time. (A stream the merging thread is filling is skipped.)
         let mut pick = None;
         let mut fewest = DEPTH;
         let mut all_done = true;
-        for (k, s) in st.iter_mut().enumerate() {
+        for &i in &mine {
+            let Some(mut st) = try_lock(&sh.states[i]) else {
+                all_done = false;
+                continue;
+            };
+            let Some(s) = st.as_mut() else { continue };
             if s.done {
                 continue;
             }
             all_done = false;
-            let n = sh.queues[s.index].queued.load(Ordering::Relaxed);
+            let n = sh.queues[i].queued.load(Ordering::Relaxed);
             if n < fewest && s.may_fill(sh) {
                 fewest = n;
-                pick = Some(k);
+                pick = Some(i);
                 if n == 0 {
                     break;
                 }
@@ -663,43 +759,28 @@ fn decode_all(
         if all_done {
             break;
         }
-        let worked = pick.is_some();
-        if let Some(k) = pick {
-            let s = &mut st[k];
-            let q = &sh.queues[s.index];
-            let mut b = sh
-                .free
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .unwrap_or_else(|| Batch::with_capacity(batch_events));
-            let rep = &mut reports[s.input].1;
-            let n = if s.first {
-                FIRST_BATCH_EVENTS
-            } else {
-                batch_events
-            };
-            s.first = false;
-            s.hand_over(sh);
-            b.seq = s.seq;
-            s.seq += 1;
-            fill(s, &mut b, n, rep);
-            if let Some(r) = &s.reader {
-                let now = r.stats().bytes;
-                sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
-                s.counted = now;
-            }
-            if b.last {
-                s.done = true;
-                if let Some(r) = s.reader.take() {
-                    rep.skipped_packets += r.stats().skipped_packets;
+        let mut worked = false;
+        if let Some(i) = pick {
+            let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
+            // (the merging thread may have filled it meanwhile, to its end)
+            if let Some(s) = st.as_mut().filter(|s| !s.done) {
+                if !s.may_fill(sh) {
+                    continue;
                 }
+                let b = fill_next(sh, s);
+                // queued before the lock is let go: batches stay in order
+                let q = &sh.queues[i];
+                let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+                g.ready.push_back(b);
+                q.queued.store(g.ready.len(), Ordering::Relaxed);
+                if g.waiting {
+                    q.cv.notify_one();
+                }
+                worked = true;
             }
-            let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
-            g.ready.push_back(b);
-            q.queued.store(g.ready.len(), Ordering::Relaxed);
-            if g.waiting {
-                q.cv.notify_one();
+            drop(st);
+            if !sh.pause.is_zero() {
+                std::thread::sleep(sh.pause);
             }
         }
         if !worked {
@@ -717,6 +798,25 @@ fn decode_all(
                 sh.decoder_slept.fetch_add(ns, Ordering::Relaxed);
             }
             f.rung = false;
+        }
+    }
+    // Reports per input, from this thread's streams.
+    let mut reports: Vec<(usize, DecodeReport)> = Vec::new();
+    for &i in &mine {
+        let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = st.as_mut() else { continue };
+        if let Some(r) = s.reader.take() {
+            s.rep.skipped_packets += r.stats().skipped_packets;
+        }
+        let rep = std::mem::take(&mut s.rep);
+        match reports.iter_mut().find(|(k, _)| *k == s.input) {
+            Some((_, into)) => {
+                into.skipped_packets += rep.skipped_packets;
+                for w in rep.warnings.list {
+                    into.warnings.push(w);
+                }
+            }
+            None => reports.push((s.input, rep)),
         }
     }
     reports
@@ -822,7 +922,7 @@ impl EventSink for Filler<'_> {
 
 /// Decode up to `n` events of a stream into `b` (encoding its backtraces when this thread
 /// holds the stream's encoder).
-fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
+fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
     b.encoded = s.enc.is_some();
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
@@ -838,13 +938,14 @@ fn fill(s: &mut DecState, b: &mut Batch, n: usize, rep: &mut DecodeReport) {
         Ok(true) => {}
         Ok(false) => b.last = true,
         Err(e) => {
-            rep.warnings
+            s.rep
+                .warnings
                 .push(format!("stopped reading after an error: {e}"));
             b.last = true;
         }
     }
     for w in r.take_warnings() {
-        rep.warnings.push(w.to_string());
+        s.rep.warnings.push(w.to_string());
     }
     if b.last {
         r.get_ref().close();

@@ -1,11 +1,10 @@
 //! Input files opened lazily under a shared budget of open descriptors, so a merge of
 //! thousands of traces works under a small `ulimit -n` (least recently read is closed first).
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 struct Slot {
     file: Option<File>,
@@ -17,18 +16,23 @@ struct Pool {
     limit: usize,
     open: usize,
     clock: u64,
-    slots: Vec<Rc<RefCell<Slot>>>,
+    slots: Vec<Arc<Mutex<Slot>>>,
     peak_open: usize,
 }
 
-/// A shared budget of open files.
+/// A shared budget of open files (its files may be read from any thread, one at a time).
 #[derive(Clone)]
-pub struct FilePool(Rc<RefCell<Pool>>);
+pub struct FilePool(Arc<Mutex<Pool>>);
+
+/// Lock, going on after a panic elsewhere (the state stays consistent: counters only).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl FilePool {
     /// At most `limit` files open at once (at least 1).
     pub fn new(limit: usize) -> Self {
-        FilePool(Rc::new(RefCell::new(Pool {
+        FilePool(Arc::new(Mutex::new(Pool {
             limit: limit.max(1),
             open: 0,
             clock: 0,
@@ -46,18 +50,18 @@ impl FilePool {
 
     /// Most files ever open at once through this pool.
     pub fn peak_open(&self) -> usize {
-        self.0.borrow().peak_open
+        lock(&self.0).peak_open
     }
 
     /// A file to be opened on first read (checked for existence now).
     pub fn open(&self, path: &Path) -> io::Result<LazyFile> {
         std::fs::metadata(path)?;
-        let slot = Rc::new(RefCell::new(Slot {
+        let slot = Arc::new(Mutex::new(Slot {
             file: None,
             offset: 0,
             last_use: 0,
         }));
-        self.0.borrow_mut().slots.push(slot.clone());
+        lock(&self.0).slots.push(slot.clone());
         Ok(LazyFile {
             path: path.to_path_buf(),
             slot,
@@ -82,7 +86,7 @@ pub fn open_files_limit() -> usize {
 /// demand.
 pub struct LazyFile {
     path: PathBuf,
-    slot: Rc<RefCell<Slot>>,
+    slot: Arc<Mutex<Slot>>,
     pool: FilePool,
 }
 
@@ -92,41 +96,48 @@ impl LazyFile {
     }
     /// Let go of the descriptor (e.g. at the end of the input).
     pub fn close(&self) {
-        let mut s = self.slot.borrow_mut();
-        if s.file.take().is_some() {
-            self.pool.0.borrow_mut().open -= 1;
+        // (the pool first, then a slot: the order `read` takes them in)
+        let mut pool = lock(&self.pool.0);
+        if lock(&self.slot).file.take().is_some() {
+            pool.open -= 1;
         }
     }
 }
 
 impl Read for LazyFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut pool = self.pool.0.borrow_mut();
+        let mut pool = lock(&self.pool.0);
         pool.clock += 1;
         let now = pool.clock;
-        if self.slot.borrow().file.is_none() {
+        if lock(&self.slot).file.is_none() {
             if pool.open >= pool.limit {
                 // close the least recently read
                 let victim = pool
                     .slots
                     .iter()
-                    .filter(|s| !Rc::ptr_eq(s, &self.slot) && s.borrow().file.is_some())
-                    .min_by_key(|s| s.borrow().last_use)
-                    .cloned();
+                    .filter(|s| !Arc::ptr_eq(s, &self.slot))
+                    .filter_map(|s| {
+                        let g = lock(s);
+                        g.file.is_some().then_some((g.last_use, s))
+                    })
+                    .min_by_key(|(t, _)| *t)
+                    .map(|(_, s)| s.clone());
                 if let Some(v) = victim {
-                    v.borrow_mut().file = None;
+                    lock(&v).file = None;
                     pool.open -= 1;
                 }
             }
             let mut f = File::open(&self.path)?;
-            let off = self.slot.borrow().offset;
+            let off = lock(&self.slot).offset;
             f.seek(SeekFrom::Start(off))?;
-            self.slot.borrow_mut().file = Some(f);
+            lock(&self.slot).file = Some(f);
             pool.open += 1;
             pool.peak_open = pool.peak_open.max(pool.open);
         }
+        // (the slot is locked before the pool is let go: no other reader can close this
+        // file, picking it as the least recently read, before it is read)
+        let mut s = lock(&self.slot);
         drop(pool);
-        let mut s = self.slot.borrow_mut();
         s.last_use = now;
         let n = s.file.as_mut().expect("opened above").read(buf)?;
         s.offset += n as u64;
@@ -137,8 +148,9 @@ impl Read for LazyFile {
 impl Drop for LazyFile {
     fn drop(&mut self) {
         self.close();
-        let mut pool = self.pool.0.borrow_mut();
-        pool.slots.retain(|s| !Rc::ptr_eq(s, &self.slot));
+        lock(&self.pool.0)
+            .slots
+            .retain(|s| !Arc::ptr_eq(s, &self.slot));
     }
 }
 

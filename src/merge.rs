@@ -459,16 +459,17 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
 /// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
 /// `output`, written to a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
-    merge_with(inputs, output, opts, Handoff::Balanced)
+    merge_with(inputs, output, opts, Handoff::Balanced, Duration::ZERO)
 }
 
 /// [`merge`], with streams encoded in shares changing hands between the threads as
-/// `handoff` says.
+/// `handoff` says, and (tests) the decoding threads pausing `pause` after each batch.
 fn merge_with(
     inputs: &[PathBuf],
     output: &Path,
     opts: &MergeOptions,
     handoff: Handoff,
+    pause: Duration,
 ) -> Result<MergeReport> {
     if inputs.is_empty() {
         return Err(Error::Usage("no input traces".into()));
@@ -727,7 +728,7 @@ fn merge_with(
     // an error below, the decoder stops its threads).
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads, handoff)
+    let pipe = Decoder::start(specs, opened.len(), threads, handoff, pause)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
@@ -1261,7 +1262,7 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let r = merge_with(&set, &out, &opts, handoff).unwrap();
+                let r = merge_with(&set, &out, &opts, handoff, Duration::ZERO).unwrap();
                 assert!(r.encoded_ahead);
                 (std::fs::read(&out).unwrap(), r.remapped_codes)
             };
@@ -1274,6 +1275,43 @@ mod tests {
                     set.len()
                 );
             }
+        }
+    }
+
+    /// When the decoding thread is slow (here it pauses after every batch), the merging
+    /// thread fills the batches it would wait for itself, from the same readers: the bytes
+    /// are those of a merge that never does (several decoding threads, nobody waits long).
+    #[test]
+    fn batches_the_merging_thread_fills_itself_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut set: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
+            .iter()
+            .map(|n| data(&format!("fork/{n}.ctf")))
+            .collect();
+        set.push(data("v3/multidomain.ctf"));
+        for format in [2, 3] {
+            let run = |threads: usize, pause: Duration| {
+                let out = dir.path().join("out.ctf");
+                let opts = MergeOptions {
+                    decode_threads: Some(threads),
+                    format: Some(format),
+                    progress: false,
+                    ..Default::default()
+                };
+                let r = merge_with(&set, &out, &opts, Handoff::Balanced, pause).unwrap();
+                assert!(!r.encoded_ahead);
+                std::fs::read(&out).unwrap()
+            };
+            let want = run(3, Duration::ZERO);
+            let before = crate::decode::FILLED_HERE.load(std::sync::atomic::Ordering::Relaxed);
+            let got = run(1, Duration::from_micros(300));
+            let filled =
+                crate::decode::FILLED_HERE.load(std::sync::atomic::Ordering::Relaxed) - before;
+            assert!(
+                filled >= 20,
+                "format {format}: only {filled} batches filled here"
+            );
+            assert!(got == want, "format {format}: other bytes");
         }
     }
 }
