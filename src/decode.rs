@@ -405,7 +405,8 @@ impl Decoder {
     /// filling it right now (and has opened it): from its queue if one came in meanwhile.
     fn fill_here(&self, i: usize) -> Option<Batch> {
         let sh = &*self.shared;
-        let mut st = try_lock(&sh.states[i])?;
+        // (not from a stream whose decoding thread panicked while filling it)
+        let mut st = sh.states[i].try_lock().ok()?;
         let s = st.as_mut()?;
         let q = &sh.queues[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
