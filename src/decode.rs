@@ -256,7 +256,7 @@ const BALANCE_EVERY: u64 = 256;
 /// The difference in waiting that moves a stream's encoding.
 const BALANCE_MARGIN: Duration = Duration::from_millis(1);
 
-/// A decoding thread; it hands back its reports, per input index.
+/// A decoding thread; it hands back its streams' reports, each with its input's index.
 type Worker = std::thread::JoinHandle<Vec<(usize, DecodeReport)>>;
 
 /// The consumer's end: batches per stream, in order.
@@ -355,10 +355,7 @@ impl Decoder {
                 let left = g.ready.len();
                 q.queued.store(left, Ordering::Relaxed);
                 drop(g);
-                if let Some(t) = waiting {
-                    let ns = t.elapsed().as_nanos() as u64;
-                    self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
-                }
+                self.waited_since(waiting);
                 // The worker sleeps when every queue of its is full; wake it once this one
                 // is half empty, so that it fills several batches a time it wakes (waiting
                 // on an empty queue wakes it too, below).
@@ -378,10 +375,7 @@ impl Decoder {
             if !self.shared.in_share[i] {
                 drop(g);
                 if let Some(b) = self.fill_here(i) {
-                    if let Some(t) = waiting {
-                        let ns = t.elapsed().as_nanos() as u64;
-                        self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
-                    }
+                    self.waited_since(waiting);
                     // (the decoding thread may be waiting for this stream to end)
                     self.poke(w);
                     return b;
@@ -398,6 +392,14 @@ impl Decoder {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             g.waiting = false;
+        }
+    }
+
+    /// Count the time the merging thread waited for a batch, if it did.
+    fn waited_since(&self, since: Option<std::time::Instant>) {
+        if let Some(t) = since {
+            let ns = t.elapsed().as_nanos() as u64;
+            self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
         }
     }
 
@@ -584,8 +586,6 @@ struct DecState {
     input: usize,
     rep: DecodeReport,
     bt_valid: bool,
-    /// The stream is in a share of its output domain's cache.
-    in_share: bool,
     /// Its encoder, while this thread holds it.
     enc: Option<Box<Encoder>>,
     /// Batches filled so far.
@@ -603,7 +603,8 @@ impl DecState {
     /// merging thread has encoded all it was sent and left the encoder in its slot; this
     /// takes the encoder then, even if another stream is filled first.
     fn may_fill(&mut self, sh: &Shared) -> bool {
-        if !self.in_share || self.enc.is_some() || sh.on_main[self.index].load(Ordering::Relaxed) {
+        let i = self.index;
+        if !sh.in_share[i] || self.enc.is_some() || sh.on_main[i].load(Ordering::Relaxed) {
             return true;
         }
         let mut slot = sh.encoders[self.index]
@@ -620,7 +621,7 @@ impl DecState {
     /// Before filling a batch: leave the encoder in its slot if the merging thread should
     /// encode the stream from this batch on, with the backtrace it goes on from.
     fn hand_over(&mut self, sh: &Shared) {
-        if !self.in_share || !sh.on_main[self.index].load(Ordering::Relaxed) {
+        if !sh.in_share[self.index] || !sh.on_main[self.index].load(Ordering::Relaxed) {
             return;
         }
         if let Some(mut e) = self.enc.take() {
@@ -719,7 +720,6 @@ fn decode_all(
             input: s.input,
             rep,
             bt_valid: false,
-            in_share: s.share.is_some(),
             enc: None,
             seq: 0,
             done: false,
@@ -801,26 +801,13 @@ fn decode_all(
             f.rung = false;
         }
     }
-    // Reports per input, from this thread's streams.
-    let mut reports: Vec<(usize, DecodeReport)> = Vec::new();
-    for &i in &mine {
-        let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = st.as_mut() else { continue };
-        if let Some(r) = s.reader.take() {
-            s.rep.skipped_packets += r.stats().skipped_packets;
-        }
-        let rep = std::mem::take(&mut s.rep);
-        match reports.iter_mut().find(|(k, _)| *k == s.input) {
-            Some((_, into)) => {
-                into.skipped_packets += rep.skipped_packets;
-                for w in rep.warnings.list {
-                    into.warnings.push(w);
-                }
-            }
-            None => reports.push((s.input, rep)),
-        }
-    }
-    reports
+    // Each stream's report, under its input ([`Decoder::finish`] adds them up).
+    mine.iter()
+        .filter_map(|&i| {
+            let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
+            st.as_mut().map(|s| (s.input, std::mem::take(&mut s.rep)))
+        })
+        .collect()
 }
 
 /// Where an event goes in the merged order, as one number: by time, then by input (in the

@@ -114,8 +114,9 @@ pub struct MergeOptions {
     pub decode_threads: Option<usize>,
     /// Encode the backtraces of streams that take turns in one output domain ahead, each
     /// whole in its own share of the domain's cache (see [`crate::share`]), on the
-    /// decoding threads (with a single one, every other stream on the merging thread, the
-    /// same way), rather than each after the previous allocation of the domain on the
+    /// decoding threads (with a single one, every other stream on the merging thread at
+    /// first, the same way; streams then move to whichever thread waits for the other),
+    /// rather than each after the previous allocation of the domain on the
     /// merging thread. None: when that pays (backtraces that repeat much of the stream's
     /// previous one); never for thinned inputs, with `tag_processes`, or beyond 16 streams
     /// a domain. The output is valid either way, but not the same bytes.

@@ -537,30 +537,11 @@ impl<R: Read> Reader<R> {
     /// The backtrace of the last allocation read, with its cache entries (if kept): empty
     /// before the first, or when backtraces are not parsed. (With a domain filter, the
     /// filtered domain's: the reader only reads its packets.)
+    #[inline(always)]
     pub(crate) fn last_backtrace(&self) -> (&[crate::event::LocationCode], &[u16]) {
         match self.domains.get(self.cur) {
             Some(d) if self.parse_backtraces => (d.cache.backtrace(), d.cache.slots()),
             _ => (&[], &[]),
-        }
-    }
-
-    /// The backtrace of the allocation just read (empty when backtraces are not parsed).
-    #[inline(always)]
-    fn current_backtrace(&self) -> &[crate::event::LocationCode] {
-        if self.parse_backtraces {
-            self.domains[self.cur].cache.backtrace()
-        } else {
-            &[]
-        }
-    }
-
-    /// The cache entries of [`Reader::current_backtrace`] (empty unless kept).
-    #[inline(always)]
-    fn current_slots(&self) -> &[u16] {
-        if self.parse_backtraces {
-            self.domains[self.cur].cache.slots()
-        } else {
-            &[]
         }
     }
 
@@ -596,8 +577,7 @@ impl<R: Read> Reader<R> {
                 }) => {
                     self.stats.allocs += 1;
                     n += 1;
-                    let bt = self.current_backtrace();
-                    let slots = self.current_slots();
+                    let (bt, slots) = self.last_backtrace();
                     sink.alloc(time, id, length, nsamples, source, common_prefix, bt, slots);
                     if sink.full() {
                         break;
@@ -660,17 +640,20 @@ impl<R: Read> Reader<R> {
                 nsamples,
                 source,
                 common_prefix,
-            } => Event::Alloc(Alloc {
-                time: Timestamp(time),
-                domain,
-                id: ObjId(id),
-                length,
-                nsamples,
-                source,
-                common_prefix,
-                backtrace: self.current_backtrace(),
-                slots: self.current_slots(),
-            }),
+            } => {
+                let (backtrace, slots) = self.last_backtrace();
+                Event::Alloc(Alloc {
+                    time: Timestamp(time),
+                    domain,
+                    id: ObjId(id),
+                    length,
+                    nsamples,
+                    source,
+                    common_prefix,
+                    backtrace,
+                    slots,
+                })
+            }
             Pending::Promote { time, id } => Event::Promote {
                 time: Timestamp(time),
                 domain,
