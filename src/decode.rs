@@ -232,9 +232,17 @@ struct Shared {
     states: Vec<Mutex<Option<DecState>>>,
     /// Events a batch holds (fewer with many streams).
     batch_events: usize,
-    /// (Tests) the decoding threads pause this long after each batch: the merging thread
-    /// then fills most batches itself.
-    pause: Duration,
+    hooks: Hooks,
+}
+
+/// (Tests) what the decoding threads do besides decoding.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Hooks {
+    /// Pause this long after each batch: the merging thread then fills most batches
+    /// itself.
+    pub pause: Duration,
+    /// Panic instead of filling a stream's batch of this place in its stream.
+    pub panic_at: Option<u64>,
 }
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
@@ -290,7 +298,7 @@ impl Decoder {
         ninputs: usize,
         threads: usize,
         handoff: Handoff,
-        pause: Duration,
+        hooks: Hooks,
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
         let owner = share_out(&streams, n);
@@ -323,7 +331,7 @@ impl Decoder {
             decoder_slept: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
             batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
-            pause,
+            hooks,
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -768,6 +776,9 @@ fn decode_all(
                 if !s.may_fill(sh) {
                     continue;
                 }
+                if sh.hooks.panic_at == Some(s.seq) {
+                    panic!("injected panic before batch {} (test)", s.seq);
+                }
                 let b = fill_next(sh, s);
                 // queued before the lock is let go: batches stay in order
                 let q = &sh.queues[i];
@@ -780,8 +791,8 @@ fn decode_all(
                 worked = true;
             }
             drop(st);
-            if !sh.pause.is_zero() {
-                std::thread::sleep(sh.pause);
+            if !sh.hooks.pause.is_zero() {
+                std::thread::sleep(sh.hooks.pause);
             }
         }
         if !worked {

@@ -3,7 +3,7 @@
 
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::{Batch, Decoder, Encoder, Ev, Handoff, StreamSpec, ENCODING_ROOM};
+use crate::decode::{Batch, Decoder, Encoder, Ev, Handoff, Hooks, StreamSpec, ENCODING_ROOM};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -327,7 +327,9 @@ impl Stream {
     /// A batch begins: when this thread is to encode it (a stream in a share whose batch
     /// came unencoded), it takes the encoder and its backtrace (`bt`, the stream's).
     fn begin_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) -> Result<()> {
-        if !self.in_share || self.batch.encoded || self.enc.is_some() {
+        // (a batch without events needs no encoder: the last, or the one that ends a
+        // stream whose decoding thread died, whose encoder is lost with it)
+        if !self.in_share || self.batch.encoded || self.enc.is_some() || self.batch.evs.is_empty() {
             return Ok(());
         }
         match pipe.take_encoder(i) {
@@ -460,17 +462,17 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
 /// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
 /// `output`, written to a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
-    merge_with(inputs, output, opts, Handoff::Balanced, Duration::ZERO)
+    merge_with(inputs, output, opts, Handoff::Balanced, Hooks::default())
 }
 
 /// [`merge`], with streams encoded in shares changing hands between the threads as
-/// `handoff` says, and (tests) the decoding threads pausing `pause` after each batch.
+/// `handoff` says, and (tests) the decoding threads doing what `hooks` say.
 fn merge_with(
     inputs: &[PathBuf],
     output: &Path,
     opts: &MergeOptions,
     handoff: Handoff,
-    pause: Duration,
+    hooks: Hooks,
 ) -> Result<MergeReport> {
     if inputs.is_empty() {
         return Err(Error::Usage("no input traces".into()));
@@ -729,7 +731,7 @@ fn merge_with(
     // an error below, the decoder stops its threads).
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads, handoff, pause)
+    let pipe = Decoder::start(specs, opened.len(), threads, handoff, hooks)
         .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
@@ -1263,7 +1265,7 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let r = merge_with(&set, &out, &opts, handoff, Duration::ZERO).unwrap();
+                let r = merge_with(&set, &out, &opts, handoff, Hooks::default()).unwrap();
                 assert!(r.encoded_ahead);
                 (std::fs::read(&out).unwrap(), r.remapped_codes)
             };
@@ -1275,6 +1277,41 @@ mod tests {
                     "handed over every {k} batches ({} inputs, {remapped} codes remapped): other bytes",
                     set.len()
                 );
+            }
+        }
+    }
+
+    /// A decoding thread that panics fails the merge with its message, and leaves no
+    /// output: with the streams encoded ahead (their encoders lost with the thread) or not.
+    #[test]
+    fn a_decoding_thread_that_panics_fails_the_merge_with_its_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let set: Vec<PathBuf> = ["parent", "child-3", "child-4"]
+            .iter()
+            .map(|n| data(&format!("fork/{n}.ctf")))
+            .collect();
+        for ahead in [true, false] {
+            for threads in [1, 2] {
+                let out = dir.path().join("out.ctf");
+                let opts = MergeOptions {
+                    decode_threads: Some(threads),
+                    encode_ahead: Some(ahead),
+                    progress: false,
+                    ..Default::default()
+                };
+                let hooks = Hooks {
+                    panic_at: Some(2),
+                    ..Hooks::default()
+                };
+                let e = merge_with(&set, &out, &opts, Handoff::Balanced, hooks)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(
+                    e.contains("a decoding thread panicked: injected panic before batch 2"),
+                    "ahead {ahead}, {threads} threads: {e:?}"
+                );
+                assert!(!out.exists());
             }
         }
     }
@@ -1299,7 +1336,11 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let r = merge_with(&set, &out, &opts, Handoff::Balanced, pause).unwrap();
+                let hooks = Hooks {
+                    pause,
+                    ..Hooks::default()
+                };
+                let r = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).unwrap();
                 assert!(!r.encoded_ahead);
                 std::fs::read(&out).unwrap()
             };
