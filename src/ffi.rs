@@ -533,12 +533,14 @@ fn totals(
 }
 
 fn input_reports(r: &MergeReport, args: &[PathBuf]) -> Vec<MemtraceMergeInputReport> {
-    let index = arg_indices(&r.inputs, args);
     r.inputs
         .iter()
-        .zip(index)
-        .map(|(i, arg_index)| MemtraceMergeInputReport {
-            arg_index,
+        .map(|i| MemtraceMergeInputReport {
+            arg_index: if i.arg < args.len() {
+                i.arg
+            } else {
+                MEMTRACE_MERGE_UNKNOWN_ARG
+            },
             pid: i.pid,
             format: u32::from(i.format),
             skipped: c_int::from(i.skipped),
@@ -556,30 +558,6 @@ fn input_reports(r: &MergeReport, args: &[PathBuf]) -> Vec<MemtraceMergeInputRep
             warnings: i.warnings.len() as u64,
         })
         .collect()
-}
-
-/// For each input report, the index of the argument it came from: the argument itself, or
-/// the directory holding it (arguments and reports are in the same order).
-fn arg_indices(reports: &[InputReport], args: &[PathBuf]) -> Vec<usize> {
-    let mut next = 0;
-    let found: Vec<usize> = reports
-        .iter()
-        .map(|r| {
-            let k = (next..args.len())
-                .find(|&k| r.path == args[k] || r.path.parent() == Some(args[k].as_path()));
-            match k {
-                Some(k) => {
-                    next = if r.path == args[k] { k + 1 } else { k };
-                    k
-                }
-                None => MEMTRACE_MERGE_UNKNOWN_ARG,
-            }
-        })
-        .collect();
-    if found.contains(&MEMTRACE_MERGE_UNKNOWN_ARG) && reports.len() == args.len() {
-        return (0..args.len()).collect();
-    }
-    found
 }
 
 /// The first warning of a successful merge, if it had any.
@@ -883,6 +861,11 @@ mod tests {
     fn input(path: &str, allocs: u64, keep: f64, warnings: &[&str]) -> InputReport {
         InputReport {
             path: path.into(),
+            // (the arguments: x.ctf, d, y.ctf)
+            arg: ["x.ctf", "d", "y.ctf"]
+                .iter()
+                .position(|a| path == *a || path.starts_with(&format!("{a}/")))
+                .unwrap(),
             pid: 7,
             format: 2,
             sample_rate: 1e-4,
@@ -976,24 +959,6 @@ mod tests {
             ),
             (20, 0.5, 1, 7)
         );
-        assert_eq!(
-            arg_indices(
-                &fake_inputs(),
-                &[
-                    PathBuf::from("x.ctf"),
-                    PathBuf::from("d"),
-                    PathBuf::from("y.ctf")
-                ]
-            ),
-            [0, 1, 1, 2]
-        );
-    }
-
-    fn fake_inputs() -> Vec<InputReport> {
-        ["x.ctf", "d/1.ctf", "d/2.ctf", "y.ctf"]
-            .iter()
-            .map(|p| input(p, 1, 1.0, &[]))
-            .collect()
     }
 
     #[test]

@@ -127,6 +127,9 @@ pub struct MergeOptions {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InputReport {
     pub path: PathBuf,
+    /// The argument it came from: its index among the inputs given (a file, or the
+    /// directory holding it).
+    pub arg: usize,
     pub pid: u64,
     pub format: u16,
     pub sample_rate: f64,
@@ -169,8 +172,16 @@ pub struct MergeReport {
 
 /// Expand directories into their `*.ctf` files (sorted by name); files are kept as given.
 pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    Ok(expand_inputs_from(inputs)?
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect())
+}
+
+/// [`expand_inputs`], each file with the index of the argument it came from.
+fn expand_inputs_from(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, usize)>> {
     let mut out = Vec::new();
-    for p in inputs {
+    for (arg, p) in inputs.iter().enumerate() {
         if p.as_os_str().is_empty() {
             return Err(Error::Usage("empty input path".into()));
         }
@@ -187,9 +198,9 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                     p.display()
                 )));
             }
-            out.extend(v);
+            out.extend(v.into_iter().map(|q| (q, arg)));
         } else {
-            out.push(p.clone());
+            out.push((p.clone(), arg));
         }
     }
     Ok(out)
@@ -487,7 +498,7 @@ fn merge_with(
             )));
         }
     }
-    let paths = expand_inputs(inputs)?;
+    let (paths, args): (Vec<PathBuf>, Vec<usize>) = expand_inputs_from(inputs)?.into_iter().unzip();
     for p in &paths {
         if same_file(p, output) {
             return Err(Error::Usage(format!(
@@ -522,6 +533,7 @@ fn merge_with(
                 k,
                 InputReport {
                     path: p.clone(),
+                    arg: args[k],
                     skipped: true,
                     keep_fraction: 0.0,
                     warnings: vec![format!("skipped unreadable input: {e}")],
@@ -611,6 +623,7 @@ fn merge_with(
         let mut st = InputState {
             report: InputReport {
                 path: p.clone(),
+                arg: args[o.index],
                 pid: i.pid,
                 format: i.version,
                 sample_rate: i.sample_rate,
@@ -1279,6 +1292,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Each input's report names the argument it came from, also for a file in a
+    /// directory given before it (which the directory does not list: not `.ctf`).
+    #[test]
+    fn reports_name_the_argument_each_input_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        for n in ["child-1", "child-2"] {
+            std::fs::copy(data(&format!("fork/{n}.ctf")), d.join(format!("{n}.ctf"))).unwrap();
+        }
+        let extra = d.join("parent.trace");
+        std::fs::copy(data("fork/parent.ctf"), &extra).unwrap();
+        let single = data("fork/child-4.ctf");
+        let out = dir.path().join("out.ctf");
+        let opts = MergeOptions {
+            progress: false,
+            ..Default::default()
+        };
+        let r = merge(&[d.clone(), extra.clone(), single.clone()], &out, &opts).unwrap();
+        let got: Vec<(PathBuf, usize)> = r.inputs.iter().map(|i| (i.path.clone(), i.arg)).collect();
+        let want = vec![
+            (d.join("child-1.ctf"), 0),
+            (d.join("child-2.ctf"), 0),
+            (extra, 1),
+            (single, 2),
+        ];
+        assert_eq!(got, want);
     }
 
     /// A decoding thread that panics fails the merge with its message, and leaves no

@@ -139,7 +139,21 @@ let test_directory () =
   let dir = path [ "fork" ] in
   let r = M.merge ~output:out [ dir ] in
   check_fork_report r;
-  List.iter (fun (i : M.input_report) -> check (i.input = dir) "input %S, expected %S" i.input dir) r.inputs
+  List.iter (fun (i : M.input_report) -> check (i.input = dir) "input %S, expected %S" i.input dir) r.inputs;
+  (* a file in a directory given before it (which does not list it: not .ctf) is named as
+     its own argument *)
+  let d = fresh "dir-then-file" in
+  List.iter
+    (fun n -> write_file (Filename.concat d (n ^ ".ctf")) (read_file (path [ "fork"; n ^ ".ctf" ])))
+    [ "child-1"; "child-2" ];
+  let extra = Filename.concat d "parent.trace" in
+  write_file extra (read_file (path [ "fork"; "parent.ctf" ]));
+  let r = M.merge ~output:(Filename.concat (fresh "dir-then-file-out") "m.ctf") [ d; extra ] in
+  let got = List.map (fun (i : M.input_report) -> (i.input, i.allocs)) r.inputs in
+  check
+    (got = [ (d, 8336); (d, 17914); (extra, 88445) ])
+    "inputs: %s"
+    (String.concat "; " (List.map (fun (s, a) -> Printf.sprintf "%s %d" s a) got))
 
 let test_forked_child () =
   let out = Filename.concat (fresh "forked") "merged.ctf" in
