@@ -462,7 +462,12 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
             }
         ));
         if s.len() > 4000 {
-            s.truncate(3990);
+            // (cut between characters: names and contexts may hold any)
+            let cut = (0..=3990)
+                .rev()
+                .find(|&k| s.is_char_boundary(k))
+                .unwrap_or(0);
+            s.truncate(cut);
             s.push_str(" ...");
             break;
         }
@@ -980,7 +985,8 @@ fn merge_streams(
                         Some(t) => t.keep(nsamples),
                         None => nsamples,
                     };
-                    if n == 0 {
+                    // (left out when thinning took its every sample; one of none stays)
+                    if n == 0 && nsamples > 0 {
                         st.live.insert(id, DROPPED);
                     } else {
                         let cut_before = w.stats().cut_backtraces;
@@ -1291,6 +1297,28 @@ mod tests {
                     set.len()
                 );
             }
+        }
+    }
+
+    /// The description of a long merge is cut short between two characters, whatever
+    /// characters the names hold.
+    #[test]
+    fn a_long_description_is_cut_between_characters() {
+        for (k, ch) in ["é", "€", "𝄞", "x"].iter().enumerate() {
+            let opened: Vec<Opened> = (0..40)
+                .map(|i| Opened {
+                    index: i,
+                    path: PathBuf::from(format!("{}{}.ctf", "x".repeat(i + k), ch.repeat(120))),
+                    info: crate::writer::tests::info(2),
+                    domains: vec![0],
+                })
+                .collect();
+            let d = String::from_utf8(describe_merge(&opened)).unwrap();
+            assert!(
+                d.ends_with(" ...") && (3990..=4000).contains(&d.len()),
+                "{}",
+                d.len()
+            );
         }
     }
 

@@ -523,6 +523,57 @@ fn deep_backtraces_are_never_truncated() {
     merge_and_compare(&[a, b], &MergeOptions::default());
 }
 
+/// Allocations of no samples (the format allows them, though memtrace never writes one)
+/// are kept as any other, whichever way the merge goes; alone, the input is copied.
+#[test]
+fn allocations_of_no_samples_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let z = dir.path().join("zero.ctf");
+    let b = dir.path().join("other.ctf");
+    write_synthetic(&b, 2, 1_000_005, "other.ml", 0);
+    let mut w = Writer::new(
+        std::fs::File::create(&z).unwrap(),
+        &info(1, 1_000_000, 1e-4, "zero.ml"),
+        WriterOptions {
+            version: 2,
+            lossless: true,
+        },
+    )
+    .unwrap();
+    let mut t = 1_000_000;
+    for k in 0..300u64 {
+        t += 41;
+        let bt: Vec<LocationCode> = (0..3 + k % 4).map(|i| LocationCode(7 + i)).collect();
+        let l = |c: LocationCode| Some(locs("zero.ml", "g", c.0 as u32));
+        let id = w
+            .put_alloc(
+                Timestamp(t),
+                DomainId(0),
+                8,
+                k % 2,
+                AllocSource::Minor,
+                &bt,
+                l,
+            )
+            .unwrap();
+        if k % 5 == 0 {
+            w.put_promote(Timestamp(t + 1), DomainId(0), id).unwrap();
+            w.put_collect(Timestamp(t + 2), DomainId(0), id).unwrap();
+            t += 2;
+        }
+    }
+    w.finish().unwrap();
+    let inputs = [z.clone(), b];
+    merge_and_compare(&inputs, &MergeOptions::default());
+    let tagged = MergeOptions {
+        tag_processes: true,
+        ..MergeOptions::default()
+    };
+    merge_and_compare(&inputs, &tagged);
+    let (_d, out, _) = merged(std::slice::from_ref(&z), &MergeOptions::default());
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&z).unwrap());
+}
+
 #[test]
 fn single_input_is_copied_byte_for_byte() {
     for p in [
