@@ -119,7 +119,9 @@ pub struct MergeOptions {
     /// rather than each after the previous allocation of the domain on the
     /// merging thread. None: when that pays (backtraces that repeat much of the stream's
     /// previous one); never for thinned inputs, with `tag_processes`, or beyond 16 streams
-    /// a domain. The output is valid either way, but not the same bytes.
+    /// a domain. The output is valid either way, but not the same bytes. Encoding ahead, a
+    /// backtrace too deep for its share (more distinct frames than the share holds) has
+    /// the merge made again without encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
 }
 
@@ -774,7 +776,7 @@ fn merge_with(
         last: started,
         total_bytes,
     };
-    merge_streams(
+    let merged = merge_streams(
         &mut streams,
         &mut states,
         &mut bts,
@@ -783,6 +785,15 @@ fn merge_with(
         &pipe,
         &mut progress,
     )?;
+    if let Merged::ShareTooSmall = merged {
+        // (what was written goes with the temporary file; the decoding threads stop)
+        drop((w, tmp, pipe));
+        let opts = MergeOptions {
+            encode_ahead: Some(false),
+            ..opts.clone()
+        };
+        return merge_with(inputs, output, &opts, handoff, hooks);
+    }
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         eprintln!();
     }
@@ -859,6 +870,15 @@ struct Progress {
     total_bytes: u64,
 }
 
+/// How merging the streams ended.
+enum Merged {
+    Done,
+    /// A backtrace encoded in its stream's share of the cache did not fit a packet (a
+    /// deep stack of more distinct frames than a share holds): the merge is to be made
+    /// again without encoding ahead, which sends only what differs from the previous one.
+    ShareTooSmall,
+}
+
 /// The merge proper: every stream's events in merged order, written through `w`; the ids,
 /// live objects, codes and counts of each input kept in `states`.
 fn merge_streams(
@@ -869,7 +889,7 @@ fn merge_streams(
     w: &mut Writer<BackgroundFile>,
     pipe: &Decoder,
     progress: &mut Progress,
-) -> Result<()> {
+) -> Result<Merged> {
     let ndomains = streams.iter().map(|s| s.out_slot + 1).max().unwrap_or(0);
     // Per output domain: the stream of the last allocation written, and its version.
     let mut last_written: Vec<Option<(usize, u64)>> = vec![None; ndomains];
@@ -923,6 +943,9 @@ fn merge_streams(
                     new: nframes,
                 } if s.batch.encoded => {
                     let (at, cut) = s.batch.encoding(s.enc_pos);
+                    if cut {
+                        return Ok(Merged::ShareTooSmall);
+                    }
                     s.enc_pos = at.end;
                     let first = s.miss_pos;
                     while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
@@ -945,9 +968,6 @@ fn merge_streams(
                         &missed,
                         |c| codes.meanings.get(&c).cloned(),
                     )?;
-                    if cut {
-                        st.report.cut_backtraces += 1;
-                    }
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += nsamples;
@@ -1008,10 +1028,10 @@ fn merge_streams(
                                     ENCODING_ROOM,
                                     |k, at| sent.push((at as u32, bt.frames[k])),
                                 );
-                                merged_misses(&st.remap, &mut scratch, &sent, &mut missed);
                                 if done < bt.frames.len() {
-                                    st.report.cut_backtraces += 1;
+                                    return Ok(Merged::ShareTooSmall);
                                 }
+                                merged_misses(&st.remap, &mut scratch, &sent, &mut missed);
                                 w.put_alloc_encoded(
                                     Timestamp(time),
                                     dom,
@@ -1139,7 +1159,7 @@ fn merge_streams(
             break;
         }
     }
-    Ok(())
+    Ok(Merged::Done)
 }
 
 /// A person-readable summary of a merge: one line per input, then the totals.

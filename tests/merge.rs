@@ -523,6 +523,52 @@ fn deep_backtraces_are_never_truncated() {
     merge_and_compare(&[a, b], &MergeOptions::default());
 }
 
+/// A stack of more distinct frames than a share of the cache holds (16 inputs: 1,023
+/// entries each) cannot be encoded whole in its share: the merge is made again without
+/// encoding ahead, and no backtrace is cut.
+#[test]
+fn stacks_too_deep_for_a_share_are_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.ctf");
+    let mut w = Writer::new(
+        std::fs::File::create(&deep).unwrap(),
+        &info(1, 1_000_000, 1e-4, "deep.ml"),
+        WriterOptions {
+            version: 2,
+            lossless: true,
+        },
+    )
+    .unwrap();
+    let mut t = 1_000_000;
+    for step in 1..=18u64 {
+        // a stack growing 200 frames at a time, every frame its own code
+        let bt: Vec<LocationCode> = (0..200 * step).map(|i| LocationCode(10_000 + i)).collect();
+        for _ in 0..3 {
+            t += 97;
+            let l = |c: LocationCode| Some(locs("deep.ml", "r", c.0 as u32));
+            w.put_alloc(Timestamp(t), DomainId(0), 4, 1, AllocSource::Minor, &bt, l)
+                .unwrap();
+        }
+    }
+    w.finish().unwrap();
+    let mut inputs = vec![deep];
+    for k in 0..15 {
+        let p = dir.path().join(format!("small-{k}.ctf"));
+        write_synthetic(&p, 2 + k, 1_000_003 + k, &format!("small{k}.ml"), 0);
+        inputs.push(p);
+    }
+    let ahead = MergeOptions {
+        encode_ahead: Some(true),
+        ..MergeOptions::default()
+    };
+    let r = merge_and_compare_as(&inputs, &ahead);
+    assert!(!r.encoded_ahead);
+    assert!(r
+        .inputs
+        .iter()
+        .all(|i| i.cut_backtraces == 0 && i.warnings.is_empty()));
+}
+
 /// Allocations of no samples (the format allows them, though memtrace never writes one)
 /// are kept as any other, whichever way the merge goes; alone, the input is copied.
 #[test]
