@@ -299,6 +299,13 @@ impl<R: Read> Reader<R> {
             None => return Err(self.err_at(self.start, Malformed::BadInfoPacket("empty file"))),
         };
         let size = h.size as usize;
+        if size > crate::packet::MAX_PACKET_SIZE {
+            // (the reference reads the info packet into a buffer of this size)
+            return Err(self.err_at(
+                self.start,
+                Malformed::BadInfoPacket("larger than 32 KiB, which memtrace cannot read"),
+            ));
+        }
         let avail = self.fill(size)?;
         if avail < size {
             return Err(self.err_at(

@@ -144,6 +144,12 @@ impl<W: Write> Writer<W> {
         info.version = w.version;
         info.encode(&mut b);
         PacketHeader::finish(&mut b, w.version, w.start_time, w.start_time, 0, 0);
+        if b.len() > MAX_PACKET_SIZE {
+            return Err(Error::Usage(format!(
+                "trace info of {} bytes (names, context): memtrace reads at most {MAX_PACKET_SIZE}",
+                b.len()
+            )));
+        }
         w.emit(b.bytes())?;
         let s = w.new_stream(domain);
         w.streams.push(s);
@@ -848,6 +854,33 @@ pub(crate) mod tests {
             }
         }
         v
+    }
+
+    /// The info packet must fit the reference reader's 32 KiB buffer: the writer refuses a
+    /// longer one (say, a long context), and the reader one it is given.
+    #[test]
+    fn an_info_packet_over_32_kib_is_refused() {
+        let with = |n: usize| TraceInfo {
+            context: Some(vec![b'x'; n]),
+            ..info(2)
+        };
+        let fits = Writer::new(Vec::new(), &with(32_000), WriterOptions::default())
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert_eq!(
+            Reader::new(&fits[..], "t").unwrap().info().context,
+            with(32_000).context
+        );
+        let e = Writer::new(Vec::new(), &with(33_000), WriterOptions::default()).err();
+        assert!(matches!(e, Some(Error::Usage(m)) if m.contains("at most 32768")));
+        // (such a packet, made as the writer would)
+        let mut big = WriteBuf::default();
+        PacketHeader::start(&mut big, 2, 1, 0, dummy_verifier());
+        with(33_000).encode(&mut big);
+        PacketHeader::finish(&mut big, 2, 1_000_000, 1_000_000, 0, 0);
+        let e = Reader::new(big.bytes(), "t").err().map(|e| e.to_string());
+        assert!(e.unwrap_or_default().contains("larger than 32 KiB"));
     }
 
     #[test]
