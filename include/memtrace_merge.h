@@ -81,7 +81,8 @@ typedef enum MemtraceMergeStatus {
    */
   MEMTRACE_MERGE_STATUS_OUTPUT_ERROR = 4,
   /**
-   * A bug in the library (a Rust panic was caught); `errbuf` says where.
+   * A fault of the library (a Rust panic was caught, a thread could not start);
+   * `errbuf` says what.
    */
   MEMTRACE_MERGE_STATUS_INTERNAL_ERROR = 5,
 } MemtraceMergeStatus;

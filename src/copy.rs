@@ -356,9 +356,7 @@ fn read_ahead<R: Read + Send, W: Write>(
         drop(full_rx);
         drop(free_tx);
         if ahead.join().is_err() {
-            result = Err(Error::Write(
-                "internal error: the reading thread panicked".into(),
-            ));
+            result = Err(Error::Internal("the reading thread panicked".into()));
         }
         result
     })?;

@@ -166,6 +166,9 @@ pub enum Error {
     Write(String),
     /// Inputs that cannot be merged together (word size, sampling rate policy, ...).
     Incompatible(String),
+    /// A fault of this library, not of the input or the caller: a thread that panicked or
+    /// could not start, a broken invariant.
+    Internal(String),
 }
 
 impl Error {
@@ -194,6 +197,7 @@ impl fmt::Display for Error {
             Error::Malformed { at, what } => write!(f, "{at}: {what}"),
             Error::Io { path, op, source } => write!(f, "{}: {op}: {source}", path.display()),
             Error::Usage(s) | Error::Write(s) | Error::Incompatible(s) => f.write_str(s),
+            Error::Internal(s) => write!(f, "internal error: {s}"),
         }
     }
 }

@@ -56,7 +56,8 @@ pub enum MemtraceMergeStatus {
     InputError = 3,
     /// The output (or its temporary file beside it) could not be written.
     OutputError = 4,
-    /// A bug in the library (a Rust panic was caught); `errbuf` says where.
+    /// A fault of the library (a Rust panic was caught, a thread could not start);
+    /// `errbuf` says what.
     InternalError = 5,
 }
 
@@ -461,6 +462,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 fn classify(e: &Error, inputs: &[PathBuf], output: &Path) -> MemtraceMergeStatus {
     match e {
         Error::Usage(_) => MemtraceMergeStatus::BadArguments,
+        Error::Internal(_) => MemtraceMergeStatus::InternalError,
         Error::Io { path, .. } if is_output_side(path, inputs, output) => {
             MemtraceMergeStatus::OutputError
         }
@@ -828,6 +830,7 @@ mod tests {
         assert_eq!(c(Error::Usage("u".into()), "o"), BadArguments);
         assert_eq!(c(Error::Incompatible("i".into()), "o"), InputError);
         assert_eq!(c(Error::Write("w".into()), "o"), InputError);
+        assert_eq!(c(Error::Internal("p".into()), "o"), InternalError);
         let m = Error::malformed("dir/a.ctf", 4, Some(0), crate::Malformed::BadMagic(0));
         assert_eq!(c(m, "o"), InputError);
     }

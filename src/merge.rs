@@ -259,10 +259,12 @@ impl TempOutput {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
+        // (the name's first 100 bytes or so: a file name holds at most 255)
+        let name = name.to_string_lossy();
+        let stem = &name[..name.floor_char_boundary(100)];
         for attempt in 0..100u32 {
             let tmp = dir.join(format!(
-                ".{}.tmp-{}-{}-{}",
-                name.to_string_lossy(),
+                ".{stem}.tmp-{}-{}-{}",
                 std::process::id(),
                 nanos,
                 attempt
@@ -286,10 +288,11 @@ impl TempOutput {
                 Err(e) => return Err(Error::io(&tmp, "create output", e)),
             }
         }
-        Err(Error::Usage(format!(
-            "{}: cannot create a temporary file beside it",
-            target.display()
-        )))
+        Err(Error::io(
+            target,
+            "create a temporary file beside it",
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
+        ))
     }
 
     /// Rename the finished file onto the target (after flushing it to disk if `sync`).
@@ -353,8 +356,8 @@ impl Stream {
                 self.enc = Some(e);
                 Ok(())
             }
-            _ => Err(Error::Write(format!(
-                "internal error: stream {i}'s encoder was not handed over for batch {}",
+            _ => Err(Error::Internal(format!(
+                "stream {i}'s encoder was not handed over for batch {}",
                 self.batch.seq
             ))),
         }
@@ -465,11 +468,7 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
         ));
         if s.len() > 4000 {
             // (cut between characters: names and contexts may hold any)
-            let cut = (0..=3990)
-                .rev()
-                .find(|&k| s.is_char_boundary(k))
-                .unwrap_or(0);
-            s.truncate(cut);
+            s.truncate(s.floor_char_boundary(3990));
             s.push_str(" ...");
             break;
         }
@@ -519,6 +518,7 @@ fn merge_with(
     // its path, so that reports come out in the order the inputs were given.
     let mut opened: Vec<Opened> = Vec::new();
     let mut skipped: Vec<(usize, InputReport)> = Vec::new();
+    let mut first_bad = None;
     for (k, p) in paths.iter().enumerate() {
         let res = Reader::open(p).and_then(|r| {
             let info = r.info().clone();
@@ -536,22 +536,26 @@ fn merge_with(
                 info,
                 domains,
             }),
-            Err(e) if opts.skip_bad_inputs => skipped.push((
-                k,
-                InputReport {
-                    path: p.clone(),
-                    arg: args[k],
-                    skipped: true,
-                    keep_fraction: 0.0,
-                    warnings: vec![format!("skipped unreadable input: {e}")],
-                    ..Default::default()
-                },
-            )),
+            Err(e) if opts.skip_bad_inputs => {
+                skipped.push((
+                    k,
+                    InputReport {
+                        path: p.clone(),
+                        arg: args[k],
+                        skipped: true,
+                        keep_fraction: 0.0,
+                        warnings: vec![format!("skipped unreadable input: {e}")],
+                        ..Default::default()
+                    },
+                ));
+                first_bad.get_or_insert(e);
+            }
             Err(e) => return Err(e),
         }
     }
     if opened.is_empty() {
-        return Err(Error::Usage("no readable input traces".into()));
+        // (every input skipped: what was wrong with the first)
+        return Err(first_bad.unwrap_or_else(|| Error::Usage("no input traces".into())));
     }
     let word = opened[0].info.word_size;
     if let Some(Opened {
@@ -752,7 +756,7 @@ fn merge_with(
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
     let pipe = Decoder::start(specs, opened.len(), threads, handoff, hooks)
-        .map_err(|e| Error::Usage(format!("cannot start the decoding threads: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
     let out = BackgroundFile::new(file).map_err(|e| Error::io(output, "start writing", e))?;
@@ -799,7 +803,7 @@ fn merge_with(
     }
     let decoded = pipe
         .finish()
-        .map_err(|m| Error::Write(format!("internal error: a decoding thread panicked: {m}")))?;
+        .map_err(|m| Error::Internal(format!("a decoding thread panicked: {m}")))?;
     for (st, d) in states.iter_mut().zip(decoded) {
         st.report.skipped_packets = d.skipped_packets;
         st.report.warnings = d.warnings.list;
@@ -1393,12 +1397,10 @@ mod tests {
                     panic_at: Some(2),
                     ..Hooks::default()
                 };
-                let e = merge_with(&set, &out, &opts, Handoff::Balanced, hooks)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default();
+                let e = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).err();
                 assert!(
-                    e.contains("a decoding thread panicked: injected panic before batch 2"),
+                    matches!(&e, Some(Error::Internal(m))
+                        if m.contains("a decoding thread panicked: injected panic before batch 2")),
                     "ahead {ahead}, {threads} threads: {e:?}"
                 );
                 assert!(!out.exists());

@@ -771,6 +771,25 @@ fn trace_info_of_a_merge() {
     assert_valid(&out);
 }
 
+/// An output named as long as a file name can be (255 bytes) is written: its temporary
+/// file's name takes only the start of it.
+#[test]
+fn outputs_of_the_longest_names_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a".repeat(251), "é".repeat(125) + "a"] {
+        let out = dir.path().join(name + ".ctf");
+        let r = merge(
+            &[data("fork/child-2.ctf"), data("fork/child-4.ctf")],
+            &out,
+            &MergeOptions::default(),
+        );
+        assert!(r.is_ok(), "{:?}", r.err());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "a temporary file left");
+        std::fs::remove_file(&out).unwrap();
+    }
+}
+
 #[test]
 fn output_safety() {
     let dir = tempfile::tempdir().unwrap();

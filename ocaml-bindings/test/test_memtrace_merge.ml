@@ -292,7 +292,12 @@ let test_skip_bad_inputs () =
   check (r.first_warning <> None) "no warning about the skipped input";
   let i = List.find (fun (i : M.input_report) -> i.input = readme) r.inputs in
   check i.skipped "README.md not marked skipped";
-  ignore (expect_error M.Input_error (fun () -> M.merge ~output:out [ child1; readme ]))
+  ignore (expect_error M.Input_error (fun () -> M.merge ~output:out [ child1; readme ]));
+  (* with every input skipped, the error is the first one's *)
+  let none = Filename.concat d "none.ctf" in
+  let m = expect_error M.Input_error (fun () -> M.merge ~skip_bad_inputs:true ~output:none [ readme ]) in
+  check (contains ~sub:"README.md: byte 0" m) "message does not name the input: %S" m;
+  check (not (exists none)) "output written"
 
 let test_missing_file () =
   let d = fresh "missing" in
