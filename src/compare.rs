@@ -3,20 +3,24 @@
 
 use crate::error::Result;
 use crate::event::{Event, LocationCode};
-use crate::location::{IntMap, LocationTable};
+use crate::location::{IntMap, Location, LocationTable};
 use crate::reader::Reader;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// What the comparison leaves out.
+/// How the merged trace was made, which the comparison allows for.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CompareOptions {
-    /// Ignore nsamples (after thinning, merged counts are ≤ the source's).
-    pub ignore_nsamples: bool,
-    /// Drop this many root (caller-most) frames of each merged backtrace (`--tag-processes`).
-    pub strip_root_frames: usize,
+    /// Sources sampled faster than the slowest were thinned to its rate (the merge's
+    /// default): each merged allocation of theirs has at least 1 and at most the source's
+    /// samples, and those thinning took every sample of are missing (dropped). Sources at
+    /// the slowest rate are matched exactly.
+    pub thinned: bool,
+    /// Every merged backtrace has its source's root frame (`--tag-processes`): each
+    /// source's backtraces are compared with that frame first.
+    pub tagged: bool,
 }
 
 /// One allocation's identity, hashed to 128 bits.
@@ -32,17 +36,6 @@ fn h128<T: Hash>(x: &T) -> u128 {
     ((a.finish() as u128) << 64) | b.finish() as u128
 }
 
-/// Summary of one trace's allocations.
-#[derive(Clone, Debug, Default)]
-pub struct AllocationSet {
-    /// Multiset of allocation digests.
-    pub counts: HashMap<Digest, i64>,
-    pub allocs: u64,
-    pub samples: u64,
-    /// promote/collect events naming objects that are not live
-    pub orphan_events: u64,
-}
-
 struct Partial {
     base: u128,
     nsamples: u64,
@@ -50,26 +43,28 @@ struct Partial {
 }
 
 /// Every allocation of a trace as (digest of everything but nsamples, nsamples), the digest
-/// covering time, kind, length, resolved backtrace (less `strip_root_frames` root frames),
-/// promote and collect times. Also returns the count of promote/collect events naming
-/// objects that are not live.
+/// covering time, kind, length, resolved backtrace (after `root`, a frame put before each
+/// one), promote and collect times. Also returns the count of events no object's life
+/// allows: a promote or collect of an object that is not live, a second promote, an
+/// allocation of an id still live.
 pub fn allocations<R: Read>(
     reader: &mut Reader<R>,
-    strip_root_frames: usize,
+    root: Option<&Location>,
 ) -> Result<(Vec<(Digest, u64)>, u64)> {
     let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
-    let mut orphans = 0;
+    let mut bad = 0;
+    let root = root.map(|l| list_hash(std::slice::from_ref(l)));
     let finish = |out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>| {
         out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
     };
     while let Some((ev, table)) = reader.next_with_locations()? {
         match ev {
             Event::Alloc(a) => {
-                let bt = &a.backtrace[strip_root_frames.min(a.backtrace.len())..];
-                let mut fh = Vec::with_capacity(bt.len());
-                for c in bt {
+                let mut fh = Vec::with_capacity(a.backtrace.len() + 1);
+                fh.extend(root);
+                for c in a.backtrace {
                     let h = *frame_hash
                         .entry(*c)
                         .or_insert_with(|| resolve_hash(table, *c));
@@ -84,16 +79,17 @@ pub fn allocations<R: Read>(
                         promote: None,
                     },
                 ) {
+                    bad += 1;
                     finish(&mut out, old, None);
                 }
             }
             Event::Promote { time, id, .. } => match live.get_mut(&id.0) {
-                Some(p) => p.promote = Some(time.0),
-                None => orphans += 1,
+                Some(p) if p.promote.is_none() => p.promote = Some(time.0),
+                _ => bad += 1,
             },
             Event::Collect { time, id, .. } => match live.remove(&id.0) {
                 Some(p) => finish(&mut out, p, Some(time.0)),
-                None => orphans += 1,
+                None => bad += 1,
             },
         }
     }
@@ -102,37 +98,18 @@ pub fn allocations<R: Read>(
     for (_, p) in rest {
         finish(&mut out, p, None);
     }
-    Ok((out, orphans))
-}
-
-/// Add (sign 1) or remove (sign -1) a trace's allocations to/from a multiset.
-pub fn allocation_set<R: Read>(
-    reader: &mut Reader<R>,
-    opts: CompareOptions,
-    into: &mut AllocationSet,
-    sign: i64,
-) -> Result<()> {
-    let (list, orphans) = allocations(reader, opts.strip_root_frames)?;
-    into.orphan_events += orphans;
-    for (d, ns) in list {
-        into.allocs += 1;
-        into.samples += ns;
-        let key = if opts.ignore_nsamples {
-            d
-        } else {
-            h128(&(d, ns))
-        };
-        *into.counts.entry(key).or_insert(0) += sign;
-    }
-    into.counts.retain(|_, v| *v != 0);
-    Ok(())
+    Ok((out, bad))
 }
 
 fn resolve_hash(table: &LocationTable, c: LocationCode) -> u128 {
     match table.get(&c) {
-        Some(l) => h128(&(1u8, &l[..])),
+        Some(l) => list_hash(l),
         None => h128(&(0u8, c.0)),
     }
+}
+
+fn list_hash(l: &[Location]) -> u128 {
+    h128(&(1u8, l))
 }
 
 /// The outcome of comparing sources with a merged trace.
@@ -142,56 +119,152 @@ pub struct CompareReport {
     pub merged_allocs: u64,
     pub source_samples: u64,
     pub merged_samples: u64,
-    /// Allocations of the sources missing from the merged trace (as a multiset).
+    /// Allocations of the sources missing from the merged trace (as a multiset), not
+    /// counting those thinning dropped.
     pub missing: u64,
-    /// Allocations of the merged trace with no source.
+    /// Allocations of the merged trace with no source (or more samples than its source's).
     pub extra: u64,
-    /// Promote/collect events of the merged trace naming no live object.
-    pub merged_orphans: u64,
+    /// Allocations of thinned sources left out of the merged trace.
+    pub dropped: u64,
+    /// Events of the merged trace that no object's life allows ([`allocations`]).
+    pub merged_bad_events: u64,
+    /// Warnings reading the merged trace (skipped packets, ...), which a merge never causes.
+    pub merged_warnings: u64,
 }
 
 impl CompareReport {
     pub fn equal(&self) -> bool {
-        self.missing == 0 && self.extra == 0 && self.merged_orphans == 0
+        self.missing == 0
+            && self.extra == 0
+            && self.merged_bad_events == 0
+            && self.merged_warnings == 0
     }
 }
 
 /// Compare the union of `sources`' allocations with `merged`'s.
 pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Result<CompareReport> {
-    let mut set = AllocationSet::default();
-    let src_opts = CompareOptions {
-        strip_root_frames: 0,
-        ..opts
-    };
-    for p in &crate::merge::expand_inputs(sources)? {
-        let mut r = Reader::open(p)?;
-        allocation_set(&mut r, src_opts, &mut set, 1)?;
+    let paths = crate::merge::expand_inputs(sources)?;
+    let mut readers = Vec::new();
+    for p in &paths {
+        readers.push(Reader::open(p)?);
     }
-    let (sa, ss) = (set.allocs, set.samples);
-    set.allocs = 0;
-    set.samples = 0;
-    set.orphan_events = 0;
+    let slowest = readers
+        .iter()
+        .map(|r| r.info().sample_rate)
+        .fold(f64::INFINITY, f64::min);
+    let mut rep = CompareReport::default();
+    // exact: (digest, nsamples) -> count; thinned: digest -> the sources' nsamples
+    let mut exact: HashMap<(Digest, u64), i64> = HashMap::new();
+    let mut thinned: HashMap<Digest, Vec<u64>> = HashMap::new();
+    for (p, mut r) in paths.iter().zip(readers) {
+        let thin = opts.thinned && r.info().sample_rate > slowest;
+        let tag = opts.tagged.then(|| crate::merge::process_tag(p, r.info()));
+        let (list, _) = allocations(&mut r, tag.as_ref())?;
+        for (d, ns) in list {
+            rep.source_allocs += 1;
+            rep.source_samples += ns;
+            if thin {
+                thinned.entry(d).or_default().push(ns);
+            } else {
+                *exact.entry((d, ns)).or_insert(0) += 1;
+            }
+        }
+    }
     let mut r = Reader::open(merged)?;
-    allocation_set(&mut r, opts, &mut set, -1)?;
-    let missing = set
-        .counts
-        .values()
-        .filter(|&&v| v > 0)
-        .map(|&v| v as u64)
-        .sum();
-    let extra = set
-        .counts
-        .values()
-        .filter(|&&v| v < 0)
-        .map(|&v| (-v) as u64)
-        .sum();
-    Ok(CompareReport {
-        source_allocs: sa,
-        merged_allocs: set.allocs,
-        source_samples: ss,
-        merged_samples: set.samples,
-        missing,
-        extra,
-        merged_orphans: set.orphan_events,
-    })
+    let (list, bad) = allocations(&mut r, None)?;
+    rep.merged_bad_events = bad;
+    rep.merged_warnings = r.warnings().len() as u64 + r.warnings_dropped();
+    let mut from_thinned: HashMap<Digest, Vec<u64>> = HashMap::new();
+    for (d, ns) in list {
+        rep.merged_allocs += 1;
+        rep.merged_samples += ns;
+        match exact.get_mut(&(d, ns)) {
+            Some(c) if *c > 0 => *c -= 1,
+            _ => from_thinned.entry(d).or_default().push(ns),
+        }
+    }
+    rep.missing = exact.values().map(|&c| c as u64).sum();
+    // Each merged allocation of a thinned source needs its own source allocation of as
+    // many samples or more: matched largest to largest, which finds one where any does.
+    for (d, mut got) in from_thinned {
+        let mut had = thinned.remove(&d).unwrap_or_default();
+        had.sort_unstable_by(|a, b| b.cmp(a));
+        got.sort_unstable_by(|a, b| b.cmp(a));
+        for (k, &n) in got.iter().enumerate() {
+            if n == 0 || had.get(k).is_none_or(|&h| n > h) {
+                rep.extra += 1;
+            }
+        }
+        rep.dropped += had.len().saturating_sub(got.len()) as u64;
+    }
+    rep.dropped += thinned.values().map(|v| v.len() as u64).sum::<u64>();
+    Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{AllocSource, DomainId, ObjId, Timestamp};
+    use crate::writer::{tests::info, tests::locs, Writer, WriterOptions};
+
+    /// A trace of three allocations, the first promoted and all collected, with `extra`
+    /// called after the first allocation to add events.
+    fn trace(path: &Path, extra: impl Fn(&mut Writer<std::fs::File>, ObjId)) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = Writer::new(file, &info(2), WriterOptions::default()).unwrap();
+        let bt = [LocationCode(5), LocationCode(6)];
+        let t = |k: u64| Timestamp(1_000_000 + k);
+        let d = DomainId(0);
+        let a = w
+            .put_alloc(t(1), d, 3, 1, AllocSource::Minor, &bt, locs)
+            .unwrap();
+        extra(&mut w, a);
+        w.put_promote(t(4), d, a).unwrap();
+        let b = w
+            .put_alloc(t(5), d, 4, 2, AllocSource::Major, &bt[..1], locs)
+            .unwrap();
+        let c = w
+            .put_alloc(t(6), d, 5, 1, AllocSource::Minor, &bt, locs)
+            .unwrap();
+        for (k, id) in [a, b, c].into_iter().enumerate() {
+            w.put_collect(t(10 + k as u64), d, id).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    /// Events no object's life allows make traces differ, even when every allocation has
+    /// its twin: a second promote, a collect of an object not live.
+    #[test]
+    fn impossible_events_make_traces_differ() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.ctf");
+        trace(&src, |_, _| {});
+        let same = compare(std::slice::from_ref(&src), &src, CompareOptions::default()).unwrap();
+        assert!(same.equal() && same.merged_allocs == 3, "{same:?}");
+        let twice = dir.path().join("twice.ctf");
+        trace(&twice, |w, a| {
+            w.put_promote(Timestamp(1_000_002), DomainId(0), a).unwrap()
+        });
+        let collect_dead = dir.path().join("dead.ctf");
+        trace(&collect_dead, |w, a| {
+            w.put_collect(Timestamp(1_000_002), DomainId(0), a).unwrap();
+        });
+        for bad in [twice, collect_dead] {
+            let c = compare(std::slice::from_ref(&src), &bad, CompareOptions::default()).unwrap();
+            assert!(
+                !c.equal() && c.merged_bad_events > 0,
+                "{}: {c:?}",
+                bad.display()
+            );
+        }
+    }
+
+    /// A merged trace the reader warns about (here a packet of another process, skipped)
+    /// differs from its sources, whose readable parts it may otherwise hold.
+    #[test]
+    fn a_merged_trace_with_reader_warnings_differs() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/synthetic/wrong-pid.ctf");
+        let c = compare(std::slice::from_ref(&p), &p, CompareOptions::default()).unwrap();
+        assert!(c.missing == 0 && c.extra == 0 && c.merged_warnings > 0 && !c.equal());
+    }
 }

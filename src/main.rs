@@ -82,12 +82,13 @@ enum Cmd {
         /// The source traces
         #[arg(required = true)]
         sources: Vec<PathBuf>,
-        /// Ignore sample counts (for thinned merges)
+        /// Sources faster than the slowest were thinned (the merge's default): their merged
+        /// allocations may have fewer samples, or be dropped
         #[arg(long)]
-        ignore_nsamples: bool,
-        /// Drop this many root frames of merged backtraces (for --tag-processes)
-        #[arg(long, default_value_t = 0)]
-        strip_root_frames: usize,
+        thinned: bool,
+        /// The merge was made with --tag-processes: each backtrace starts with its source's frame
+        #[arg(long)]
+        tagged: bool,
     },
     /// Re-encode a trace in file order (byte-identical when the format is kept)
     Copy {
@@ -188,23 +189,23 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         Cmd::Compare {
             merged,
             sources,
-            ignore_nsamples,
-            strip_root_frames,
+            thinned,
+            tagged,
         } => {
             let sources = memtrace_merge::merge::expand_inputs(&sources)?;
-            let opts = memtrace_merge::compare::CompareOptions {
-                ignore_nsamples,
-                strip_root_frames,
-            };
+            let opts = memtrace_merge::compare::CompareOptions { thinned, tagged };
             let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
             println!(
-                "sources: {} allocs, {} samples; merged: {} allocs, {} samples; missing {}, extra {}: {}",
+                "sources: {} allocs, {} samples; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}",
                 r.source_allocs,
                 r.source_samples,
                 r.merged_allocs,
                 r.merged_samples,
                 r.missing,
                 r.extra,
+                r.dropped,
+                r.merged_bad_events,
+                r.merged_warnings,
                 if r.equal() { "equal" } else { "DIFFERENT" }
             );
             Ok(if r.equal() {

@@ -448,6 +448,18 @@ struct Opened {
     domains: Vec<u16>,
 }
 
+/// The root frame `--tag-processes` gives an input's backtraces: its file name, its pid
+/// and executable.
+pub(crate) fn process_tag(path: &Path, info: &TraceInfo) -> Location {
+    Location {
+        filename: Arc::from(file_name(path).as_bytes()),
+        line: 1,
+        start_char: 0,
+        end_char: 0,
+        defname: Arc::from(format!("pid {} {}", info.pid, exe_name(info)).as_bytes()),
+    }
+}
+
 /// The context of a merge of several inputs: which traces, pids and executables.
 fn describe_merge(opened: &[Opened]) -> Vec<u8> {
     let mut s = format!("memtrace-merge of {} traces:", opened.len());
@@ -658,14 +670,7 @@ fn merge_with(
             );
         }
         if opts.tag_processes {
-            let loc = Location {
-                filename: Arc::from(file_name(p).as_bytes()),
-                line: 1,
-                start_char: 0,
-                end_char: 0,
-                defname: Arc::from(format!("pid {} {}", i.pid, exe_name(i)).as_bytes()),
-            };
-            st.tag = Some(codes.fresh(Arc::from(vec![loc])));
+            st.tag = Some(codes.fresh(Arc::from(vec![process_tag(p, i)])));
         }
         let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         for &d in &o.domains {

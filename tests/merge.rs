@@ -108,8 +108,8 @@ fn merge_and_compare_as(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport 
         inputs,
         &out,
         CompareOptions {
-            ignore_nsamples: false,
-            strip_root_frames: opts.tag_processes as usize,
+            thinned: false,
+            tagged: opts.tag_processes,
         },
     )
     .unwrap();
@@ -244,6 +244,21 @@ fn tagged_processes_get_a_root_frame_naming_them() {
     assert_eq!(roots.len(), 5);
     assert_eq!(roots["pid 14495 forkwork"], 88_445);
     assert_eq!(roots["pid 14496 forkwork"], 8_336);
+    // the comparison checks each tag: a source under another file name does not match
+    let dir = tempfile::tempdir().unwrap();
+    let renamed = dir.path().join("renamed.ctf");
+    std::fs::copy(&inputs[1], &renamed).unwrap();
+    let mut others = inputs.clone();
+    others[1] = renamed;
+    let tagged = CompareOptions {
+        thinned: false,
+        tagged: true,
+    };
+    let c = compare(&others, &out, tagged).unwrap();
+    assert!(
+        !c.equal() && c.missing == 8_336 && c.extra == 8_336,
+        "{c:?}"
+    );
 }
 
 /// A trace info for synthetic inputs.
@@ -671,11 +686,21 @@ fn rates_are_thinned_to_the_slowest() {
     };
     let (_d, out, report) = merged(&[fast.clone(), slow.clone()], &opts);
     assert_valid(&out);
-    let (fast_list, _) = allocations(&mut Reader::open(&fast).unwrap(), 0).unwrap();
-    let (slow_list, _) = allocations(&mut Reader::open(&slow).unwrap(), 0).unwrap();
-    let (merged_list, orphans) = allocations(&mut Reader::open(&out).unwrap(), 0).unwrap();
+    let (fast_list, _) = allocations(&mut Reader::open(&fast).unwrap(), None).unwrap();
+    let (slow_list, _) = allocations(&mut Reader::open(&slow).unwrap(), None).unwrap();
+    let (merged_list, orphans) = allocations(&mut Reader::open(&out).unwrap(), None).unwrap();
     assert_eq!(orphans, 0);
     assert_eq!(Reader::open(&out).unwrap().info().sample_rate, 1e-5);
+    // the comparison allows for thinning when told, and only then
+    let both = [fast.clone(), slow.clone()];
+    let thinned = CompareOptions {
+        thinned: true,
+        tagged: false,
+    };
+    let c = compare(&both, &out, thinned).unwrap();
+    assert!(c.equal() && c.dropped > 0 && c.dropped + c.merged_allocs == c.source_allocs);
+    let c = compare(&both, &out, CompareOptions::default()).unwrap();
+    assert!(!c.equal() && c.missing > 0, "{c:?}");
     let mut slow_left: HashMap<(Digest, u64), i64> = HashMap::new();
     for x in &slow_list {
         *slow_left.entry(*x).or_insert(0) += 1;
