@@ -168,6 +168,8 @@ pub(crate) enum Handoff {
 pub(crate) struct DecodeReport {
     pub warnings: Warnings,
     pub skipped_packets: u64,
+    /// Packets after the info packet (read or skipped).
+    pub packets: u64,
 }
 
 /// The room one encoding made ahead may take: a packet's, but for its header and the
@@ -544,6 +546,7 @@ impl Decoder {
                     for (k, r) in parts {
                         let into = &mut reports[k];
                         into.skipped_packets += r.skipped_packets;
+                        into.packets += r.packets;
                         for w in r.warnings.list {
                             into.warnings.push(w);
                         }
@@ -689,6 +692,7 @@ fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
         s.done = true;
         if let Some(r) = s.reader.take() {
             s.rep.skipped_packets += r.stats().skipped_packets;
+            s.rep.packets += r.stats().packets;
         }
     }
     b

@@ -809,6 +809,11 @@ fn merge_with(
     let decoded = pipe
         .finish()
         .map_err(|m| Error::Internal(format!("a decoding thread panicked: {m}")))?;
+    // A lone input of no packets but its info (a process killed before its first) is
+    // copied as it is: without the empty packet a writer ends with.
+    if single && decoded.iter().all(|d| d.packets == 0) {
+        w.set_end_without_empty_packet();
+    }
     for (st, d) in states.iter_mut().zip(decoded) {
         st.report.skipped_packets = d.skipped_packets;
         st.report.warnings = d.warnings.list;

@@ -106,6 +106,8 @@ pub struct Writer<W: Write> {
     loc_buf: WriteBuf,
     journal: Journal,
     stats: WriteStats,
+    /// End a trace of nothing but its info packet without an empty packet.
+    end_bare: bool,
 }
 
 impl<W: Write> Writer<W> {
@@ -130,6 +132,7 @@ impl<W: Write> Writer<W> {
             start_time: info.start_time.0,
             lossless: opts.lossless,
             switch_flush: true,
+            end_bare: false,
             streams: Vec::new(),
             stream_of: IntMap::default(),
             last: 0,
@@ -155,6 +158,13 @@ impl<W: Write> Writer<W> {
         w.streams.push(s);
         w.stream_of.insert(domain, 0);
         Ok(w)
+    }
+
+    /// A trace of nothing but its info packet ends so, where the reference (and this writer
+    /// by default) ends every trace with a packet, empty if need be: a copy of a trace that
+    /// has no other packet (its process killed before its first) is then the same bytes.
+    pub fn set_end_without_empty_packet(&mut self) {
+        self.end_bare = true;
     }
 
     /// The path that I/O errors name (default `<output>`).
@@ -704,7 +714,13 @@ impl<W: Write> Writer<W> {
 
     /// [`Writer::finish`], also giving the final counts (the last packets included).
     pub fn finish_with_stats(mut self) -> Result<(W, WriteStats)> {
-        if self.switch_flush {
+        let empty = crate::packet::header_size(self.version);
+        let bare = self.end_bare
+            && self.stats.packets == 1
+            && (self.streams.iter()).all(|s| s.packet.len() == empty && s.new_locs.is_empty());
+        if bare {
+            // (nothing but the info packet was written, nor is to be)
+        } else if self.switch_flush {
             let si = self.last;
             let now = self.streams[si].time_end;
             self.flush_at(si, now)?;

@@ -658,6 +658,17 @@ fn single_input_is_copied_byte_for_byte() {
             "{p}: merge of one input is not a copy"
         );
     }
+    // a trace of its info packet alone (its process killed before the first packet)
+    let dir = tempfile::tempdir().unwrap();
+    let whole = std::fs::read(data("fork/child-2.ctf")).unwrap();
+    let info_bytes = u32::from_le_bytes(whole[4..8].try_into().unwrap()) as usize / 8;
+    let bare = dir.path().join("bare.ctf");
+    std::fs::write(&bare, &whole[..info_bytes]).unwrap();
+    let (_d, out, _) = merged(std::slice::from_ref(&bare), &MergeOptions::default());
+    assert!(
+        std::fs::read(&out).unwrap() == whole[..info_bytes],
+        "info packet alone"
+    );
     // damaged ones give the reference copy tool's readable part
     for p in [
         "truncated",
