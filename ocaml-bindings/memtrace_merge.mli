@@ -32,7 +32,9 @@ type status =
           trace, the byte offset. *)
   | Output_error
       (** The output could not be written (missing or read-only directory, full disk, ...). *)
-  | Internal_error  (** A bug in the library; please report it with the message. *)
+  | Internal_error
+      (** A fault of the library: a bug (please report it with the message), or a thread
+          that could not start (out of resources). *)
 
 type error = { status : status; message : string  (** One line, naming the file. *) }
 

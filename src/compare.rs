@@ -185,19 +185,28 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
     }
     rep.missing = exact.values().map(|&c| c as u64).sum();
     // Each merged allocation of a thinned source needs its own source allocation of as
-    // many samples or more: matched largest to largest, which finds one where any does.
-    for (d, mut got) in from_thinned {
-        let mut had = thinned.remove(&d).unwrap_or_default();
+    // many samples or more, at least 1 (matched largest to largest, which finds one where
+    // any does); one of no samples stays as it was, the others may be dropped.
+    for (d, got) in from_thinned {
+        let had = thinned.remove(&d).unwrap_or_default();
+        let (mut got, got_none): (Vec<u64>, Vec<u64>) = got.into_iter().partition(|&n| n > 0);
+        let (mut had, had_none): (Vec<u64>, Vec<u64>) = had.into_iter().partition(|&n| n > 0);
+        rep.extra += got_none.len().saturating_sub(had_none.len()) as u64;
+        rep.missing += had_none.len().saturating_sub(got_none.len()) as u64;
         had.sort_unstable_by(|a, b| b.cmp(a));
         got.sort_unstable_by(|a, b| b.cmp(a));
         for (k, &n) in got.iter().enumerate() {
-            if n == 0 || had.get(k).is_none_or(|&h| n > h) {
+            if had.get(k).is_none_or(|&h| n > h) {
                 rep.extra += 1;
             }
         }
         rep.dropped += had.len().saturating_sub(got.len()) as u64;
     }
-    rep.dropped += thinned.values().map(|v| v.len() as u64).sum::<u64>();
+    for had in thinned.values() {
+        let none = had.iter().filter(|&&n| n == 0).count() as u64;
+        rep.missing += none;
+        rep.dropped += had.len() as u64 - none;
+    }
     Ok(rep)
 }
 

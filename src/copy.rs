@@ -337,7 +337,7 @@ fn read_ahead<R: Read + Send, W: Write>(
                     }
                 }
             })
-            .map_err(|e| Error::Write(format!("could not start the reading thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("could not start the reading thread: {e}")))?;
         let mut result = Ok(());
         while let Ok(mut b) = full_rx.recv() {
             match to.write(w, &mut b) {

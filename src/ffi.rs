@@ -217,7 +217,7 @@ pub extern "C" fn memtrace_merge_status_string(status: c_int) -> *const c_char {
         2 => b"BAD_ARGUMENTS: invalid arguments\0",
         3 => b"INPUT_ERROR: an input could not be read or merged\0",
         4 => b"OUTPUT_ERROR: the output could not be written\0",
-        5 => b"INTERNAL_ERROR: bug in memtrace_merge\0",
+        5 => b"INTERNAL_ERROR: fault in memtrace_merge (a bug, or a thread that could not start)\0",
         _ => b"unknown status\0",
     };
     s.as_ptr().cast()

@@ -503,6 +503,25 @@ fn merge_with(
     handoff: Handoff,
     hooks: Hooks,
 ) -> Result<MergeReport> {
+    let mut opts = opts.clone();
+    loop {
+        match merge_attempt(inputs, output, &opts, handoff, hooks)? {
+            Some(report) => return Ok(report),
+            // A backtrace too deep for its share: again without encoding ahead (everything
+            // of the first attempt gone, its temporary file too), which cannot need this.
+            None => opts.encode_ahead = Some(false),
+        }
+    }
+}
+
+/// [`merge_with`], once: None when a backtrace did not fit its share of the cache.
+fn merge_attempt(
+    inputs: &[PathBuf],
+    output: &Path,
+    opts: &MergeOptions,
+    handoff: Handoff,
+    hooks: Hooks,
+) -> Result<Option<MergeReport>> {
     if inputs.is_empty() {
         return Err(Error::Usage("no input traces".into()));
     }
@@ -765,14 +784,18 @@ fn merge_with(
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
     let out = BackgroundFile::new(file).map_err(|e| Error::io(output, "start writing", e))?;
-    let mut w = Writer::new(
-        out,
-        &info,
-        WriterOptions {
-            version: format,
-            lossless: true,
-        },
-    )?;
+    let wopts = WriterOptions {
+        version: format,
+        lossless: true,
+    };
+    // (a trace info too long for a packet is the caller's with a context of theirs, else
+    // the first input's names)
+    let mut w = Writer::new(out, &info, wopts).map_err(|e| match e {
+        Error::Usage(m) if opts.context.is_none() => {
+            Error::Incompatible(format!("{}: {m}", opened[0].path.display()))
+        }
+        e => e,
+    })?;
     w.set_output_path(output);
     if !single {
         w.set_flush_on_domain_switch(false);
@@ -795,13 +818,10 @@ fn merge_with(
         &mut progress,
     )?;
     if let Merged::ShareTooSmall = merged {
-        // (what was written goes with the temporary file; the decoding threads stop)
-        drop((w, tmp, pipe));
-        let opts = MergeOptions {
-            encode_ahead: Some(false),
-            ..opts.clone()
-        };
-        return merge_with(inputs, output, &opts, handoff, hooks);
+        if show_progress {
+            eprintln!("\rmemtrace-merge: a backtrace too deep to encode ahead: merging again");
+        }
+        return Ok(None);
     }
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         eprintln!();
@@ -873,7 +893,7 @@ fn merge_with(
     report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
     report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum();
     report.inputs = by_path;
-    Ok(report)
+    Ok(Some(report))
 }
 
 /// Where a merge stands, for its progress line on stderr.

@@ -633,6 +633,15 @@ fn allocations_of_no_samples_are_kept() {
     merge_and_compare(&inputs, &tagged);
     let (_d, out, _) = merged(std::slice::from_ref(&z), &MergeOptions::default());
     assert!(std::fs::read(&out).unwrap() == std::fs::read(&z).unwrap());
+    // thinned to a slower input's rate, it keeps them too, as the comparison expects
+    let thinned = [z, data("rates/slow.ctf")];
+    let (_d, out, _) = merged(&thinned, &MergeOptions::default());
+    let opts = CompareOptions {
+        thinned: true,
+        tagged: false,
+    };
+    let c = compare(&thinned, &out, opts).unwrap();
+    assert!(c.equal() && c.dropped > 0, "{c:?}");
 }
 
 #[test]
@@ -776,6 +785,40 @@ fn rates_are_thinned_to_the_slowest() {
     .unwrap_err();
     assert!(e.to_string().contains("rates differ"), "{e}");
     assert!(!dir.path().join("x.ctf").exists());
+}
+
+/// A merged trace info too long for a packet (the first input's long names, and the
+/// context describing the merge) is the inputs' error; with a context given, the caller's.
+#[test]
+fn a_trace_info_too_long_for_a_packet_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = format!("/{}", "x".repeat(31_000));
+    let inputs: Vec<PathBuf> = (0..2)
+        .map(|k| {
+            let p = dir.path().join(format!("long-{k}.ctf"));
+            let w = Writer::new(
+                std::fs::File::create(&p).unwrap(),
+                &info(1 + k, 1_000_000, 1e-4, &exe),
+                WriterOptions::default(),
+            )
+            .unwrap();
+            w.finish().unwrap();
+            p
+        })
+        .collect();
+    let out = dir.path().join("out.ctf");
+    let e = merge(&inputs, &out, &MergeOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, memtrace_merge::Error::Incompatible(m) if m.contains("long-0.ctf") && m.contains("at most 32768")),
+        "{e:?}"
+    );
+    let given = MergeOptions {
+        context: Some(vec![b'c'; 2000]),
+        ..MergeOptions::default()
+    };
+    let e = merge(&inputs, &out, &given).unwrap_err();
+    assert!(matches!(e, memtrace_merge::Error::Usage(_)), "{e:?}");
+    assert!(!out.exists());
 }
 
 #[test]
