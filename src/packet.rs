@@ -73,17 +73,19 @@ impl PacketHeader {
         if !(1..=3).contains(&version) {
             return Err(Malformed::UnsupportedVersion(version));
         }
+        // As the reference: the size a signed 32-bit count of bits, rounded down to bytes;
+        // times and ids compared as signed 64-bit numbers.
         let size = size_bits as u64 / 8;
-        if size_bits % 8 != 0 || size < header_size(version) as u64 {
+        if (size_bits as i32) < 0 || size < header_size(version) as u64 {
             return Err(Malformed::BadPacketSize(size_bits));
         }
-        if time_begin > time_end {
+        if (time_begin as i64) > (time_end as i64) {
             return Err(Malformed::PacketTimesReversed {
                 begin: time_begin,
                 end: time_end,
             });
         }
-        if alloc_id_begin > alloc_id_end {
+        if (alloc_id_begin as i64) > (alloc_id_end as i64) {
             return Err(Malformed::PacketIdsReversed {
                 begin: alloc_id_begin,
                 end: alloc_id_end,
@@ -192,5 +194,29 @@ mod tests {
             PacketHeader::parse(&mut Cursor::new(b.bytes())),
             Err(Malformed::UnsupportedVersion(4))
         );
+        // as the reference reads them: sizes rounded down to bytes, a negative one (as a
+        // signed 32-bit count) refused; times and ids ordered as signed numbers
+        let mut b = WriteBuf::default();
+        PacketHeader::start(&mut b, 2, 1, 0, CacheVerifier::default());
+        PacketHeader::finish(&mut b, 2, 10, 20, 0, 0);
+        let parse = |b: &WriteBuf| PacketHeader::parse(&mut Cursor::new(b.bytes()));
+        let bits = 8 * b.len() as u32;
+        b.set_u32(4, bits + 5);
+        assert_eq!(parse(&b).map(|h| h.size), Ok(bits as u64 / 8));
+        b.set_u32(4, bits | 1 << 31);
+        assert_eq!(parse(&b), Err(Malformed::BadPacketSize(bits | 1 << 31)));
+        b.set_u32(4, bits);
+        b.set_u64(16, 1 << 63);
+        assert_eq!(
+            parse(&b),
+            Err(Malformed::PacketTimesReversed {
+                begin: 10,
+                end: 1 << 63
+            })
+        );
+        b.set_u64(16, 20);
+        let ids = b.len() - 16;
+        b.set_u64(ids, 1 << 63);
+        assert!(parse(&b).is_ok());
     }
 }
