@@ -418,6 +418,62 @@ struct InputState {
     tag: Option<LocationCode>,
     /// the merging thread's warnings (the decoder keeps its own)
     warnings: Warnings,
+    /// Promotes and collects of objects not live when their turn came (in time order):
+    /// another domain may still allocate the object in the same microsecond, behind an
+    /// event of its own that came first. (source id, time, a collect, output domain)
+    waiting: Vec<(u64, u64, bool, DomainId)>,
+}
+
+/// A promote or collect of an object not live: it waits for an allocation of that object
+/// in the same microsecond (another domain's), after those whose time has passed are given
+/// up.
+fn wait_for_object(st: &mut InputState, id: u64, time: u64, collect: bool, dom: DomainId) {
+    give_up_waiting(st, time);
+    st.waiting.push((id, time, collect, dom));
+}
+
+/// Leave out the waiting events before `time` (all of them: None): their object was never
+/// allocated in their microsecond.
+fn give_up_waiting(st: &mut InputState, time: impl Into<Option<u64>>) {
+    let time = time.into();
+    let n = (st.waiting.iter())
+        .take_while(|w| time.is_none_or(|t| w.1 < t))
+        .count();
+    for (id, _, collect, _) in st.waiting.drain(..n).collect::<Vec<_>>() {
+        let what = if collect { "collect" } else { "promote" };
+        warn_input(
+            st,
+            format!("{what} of object {id} that is not live; left out"),
+        );
+    }
+}
+
+/// Object `id` was just allocated at `time`: the promotes and collects of it that wait
+/// (in that microsecond) follow it now.
+#[cold]
+fn release_waiting(
+    st: &mut InputState,
+    w: &mut Writer<BackgroundFile>,
+    id: u64,
+    time: u64,
+) -> Result<()> {
+    give_up_waiting(st, time);
+    while let Some(k) = st.waiting.iter().position(|x| x.0 == id) {
+        let (_, t, collect, dom) = st.waiting.remove(k);
+        if collect {
+            match st.live.remove(id) {
+                Some(DROPPED) | None => {}
+                Some(o) => w.put_collect(Timestamp(t), dom, ObjId(o & !PROMOTED))?,
+            }
+        } else if let Some(o) = st.live.get_mut(id) {
+            if *o != DROPPED && *o & PROMOTED == 0 {
+                let out = *o;
+                *o |= PROMOTED;
+                w.put_promote(Timestamp(t), dom, ObjId(out))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 const DROPPED: u64 = u64::MAX - 1;
@@ -677,6 +733,7 @@ fn merge_attempt(
             thinner: None,
             tag: None,
             warnings: Warnings::default(),
+            waiting: Vec::new(),
         };
         if p_keep < 1.0 {
             st.thinner = Some(Thinner::new(p_keep, opts.seed, k as u64));
@@ -1005,6 +1062,9 @@ fn merge_streams(
                     st.live.insert(id, out_id.0);
                     st.report.allocs_written += 1;
                     st.report.samples_written += nsamples;
+                    if !st.waiting.is_empty() {
+                        release_waiting(st, w, id, time)?;
+                    }
                 }
                 Ev::Alloc {
                     id,
@@ -1113,6 +1173,9 @@ fn merge_streams(
                         st.report.allocs_written += 1;
                         st.report.samples_written += n;
                     }
+                    if !st.waiting.is_empty() {
+                        release_waiting(st, w, id, time)?;
+                    }
                 }
                 Ev::Promote { id } => {
                     st.report.promotes += 1;
@@ -1127,10 +1190,7 @@ fn merge_streams(
                             *o |= PROMOTED;
                             w.put_promote(Timestamp(time), dom, ObjId(out))?;
                         }
-                        None => warn_input(
-                            st,
-                            format!("promote of object {id} that is not live; left out"),
-                        ),
+                        None => wait_for_object(st, id, time, false, dom),
                     }
                 }
                 Ev::Collect { id } => {
@@ -1138,10 +1198,7 @@ fn merge_streams(
                     match st.live.remove(id) {
                         Some(DROPPED) => {}
                         Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
-                        None => warn_input(
-                            st,
-                            format!("collect of object {id} that is not live; left out"),
-                        ),
+                        None => wait_for_object(st, id, time, true, dom),
                     }
                 }
             }
@@ -1192,6 +1249,9 @@ fn merge_streams(
             }
             break;
         }
+    }
+    for st in states.iter_mut() {
+        give_up_waiting(st, None);
     }
     Ok(Merged::Done)
 }

@@ -1051,6 +1051,48 @@ fn inputs_of_different_word_sizes_are_refused() {
 /// An object allocated by one domain and collected by another in the same microsecond,
 /// the collecting domain's packet first in the file: the merge must still put the
 /// allocation first (and keep the collection).
+/// The same, when the allocation comes behind another event of its own domain in that
+/// microsecond (which meets the other domain's collection first): the collection waits
+/// for it.
+#[test]
+fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tie.ctf");
+    let mut i = info(2, 1_000_000, 1e-4, "tie.ml");
+    i.version = 3;
+    let opts = WriterOptions {
+        version: 3,
+        lossless: true,
+    };
+    let mut w = Writer::new(std::fs::File::create(&p).unwrap(), &i, opts).unwrap();
+    let bt = [LocationCode(100)];
+    let l = |_| Some(locs("tie.ml", "f", 1));
+    let (d0, d1) = (DomainId(0), DomainId(1));
+    let t = Timestamp(1_000_500);
+    let minor = AllocSource::Minor;
+    let early = w
+        .put_alloc(Timestamp(1_000_100), d1, 2, 1, minor, &bt, l)
+        .unwrap();
+    w.put_collect(t, d1, early).unwrap();
+    let late = w.put_alloc(t, d1, 3, 1, minor, &bt, l).unwrap();
+    w.put_collect(t, d0, late).unwrap();
+    w.finish().unwrap();
+    for format in [2, 3] {
+        let opts = MergeOptions {
+            format: Some(format),
+            ..Default::default()
+        };
+        let r = merge_and_compare_as(std::slice::from_ref(&p), &opts);
+        assert_eq!(
+            (r.allocs, r.collects),
+            (2, 2),
+            "format {format}: {:?}",
+            r.inputs[0].warnings
+        );
+        assert!(r.inputs[0].warnings.is_empty());
+    }
+}
+
 #[test]
 fn same_microsecond_collect_by_another_domain_follows_its_allocation() {
     let dir = tempfile::tempdir().unwrap();
