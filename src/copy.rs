@@ -459,12 +459,15 @@ fn convert<R: Read, W: Write>(
 }
 
 /// [`copy`] from one file to another: the output is written beside itself under a
-/// temporary name and renamed when complete, and it may not be the input.
+/// temporary name and renamed when complete, and it may not be the input. A format-3
+/// trace of several domains written as format 2 is merged instead: its domains' events in
+/// time order (which file order is not), into the one stream format 2 has. The warnings
+/// come as text.
 pub fn copy_file(
     input: &std::path::Path,
     output: &std::path::Path,
     version: Option<u16>,
-) -> Result<(WriteStats, Vec<Warning>)> {
+) -> Result<Vec<String>> {
     if crate::merge::same_file(input, output) {
         return Err(Error::Usage(format!(
             "output {} is the input; refusing to overwrite it",
@@ -473,18 +476,27 @@ pub fn copy_file(
     }
     let mut r = Reader::open(input)?;
     let version = version.unwrap_or(r.info().version.max(2));
+    if version < 3 && r.info().version >= 3 && crate::reader::scan_domains(input)?.len() > 1 {
+        let opts = crate::merge::MergeOptions {
+            format: Some(version),
+            progress: false,
+            ..Default::default()
+        };
+        let report = crate::merge::merge(&[input.to_path_buf()], output, &opts)?;
+        return Ok(report.inputs.into_iter().flat_map(|i| i.warnings).collect());
+    }
     let (tmp, f) = crate::merge::TempOutput::create(output)?;
     let out = std::io::BufWriter::with_capacity(1 << 20, f);
     let opts = WriterOptions {
         version,
         lossless: false,
     };
-    let (out, stats, warnings) = copy_named(&mut r, out, opts, output, |r, w| {
+    let (out, _, warnings) = copy_named(&mut r, out, opts, output, |r, w| {
         copy_same_layout(r, w, true)
     })?;
     let f = out
         .into_inner()
         .map_err(|e| Error::io(output, "write", e.into_error()))?;
     tmp.commit(f, false)?;
-    Ok((stats, warnings))
+    Ok(warnings.iter().map(|w| w.to_string()).collect())
 }

@@ -90,7 +90,8 @@ enum Cmd {
         #[arg(long)]
         tagged: bool,
     },
-    /// Re-encode a trace in file order (byte-identical when the format is kept)
+    /// Re-encode a trace in file order (byte-identical when the format is kept; several
+    /// format-3 domains to format 2: in time order)
     Copy {
         input: PathBuf,
         output: PathBuf,
@@ -219,7 +220,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             output,
             format,
         } => {
-            let (_, warnings) = memtrace_merge::copy::copy_file(&input, &output, format)?;
+            let warnings = memtrace_merge::copy::copy_file(&input, &output, format)?;
             for w in warnings {
                 eprintln!("warning: {w}");
             }

@@ -1048,23 +1048,25 @@ fn inputs_of_different_word_sizes_are_refused() {
     assert!(!out.exists());
 }
 
-/// An object allocated by one domain and collected by another in the same microsecond,
-/// the collecting domain's packet first in the file: the merge must still put the
-/// allocation first (and keep the collection).
-/// The same, when the allocation comes behind another event of its own domain in that
-/// microsecond (which meets the other domain's collection first): the collection waits
-/// for it.
-#[test]
-fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("tie.ctf");
-    let mut i = info(2, 1_000_000, 1e-4, "tie.ml");
+/// A format-3 writer of the synthetic trace info (pid, executable).
+fn v3_writer(path: &Path, pid: u64, exe: &str) -> Writer<std::fs::File> {
+    let mut i = info(pid, 1_000_000, 1e-4, exe);
     i.version = 3;
     let opts = WriterOptions {
         version: 3,
         lossless: true,
     };
-    let mut w = Writer::new(std::fs::File::create(&p).unwrap(), &i, opts).unwrap();
+    Writer::new(std::fs::File::create(path).unwrap(), &i, opts).unwrap()
+}
+
+/// An object allocated by one domain and collected by another in the same microsecond,
+/// the allocation behind another event of its own domain in that microsecond (which meets
+/// the other domain's collection first): the collection waits for it.
+#[test]
+fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tie.ctf");
+    let mut w = v3_writer(&p, 2, "tie.ml");
     let bt = [LocationCode(100)];
     let l = |_| Some(locs("tie.ml", "f", 1));
     let (d0, d1) = (DomainId(0), DomainId(1));
@@ -1093,21 +1095,41 @@ fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
     }
 }
 
+/// A format-3 trace whose domains overlap in time (file order is not time order), copied
+/// to format 2, has its events put in time order, as a merge does.
+#[test]
+fn copying_overlapping_domains_to_format_2_orders_them_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("overlap.ctf");
+    let mut w = v3_writer(&p, 3, "overlap.ml");
+    w.set_flush_on_domain_switch(false);
+    let l = |c: LocationCode| Some(locs("overlap.ml", "f", c.0 as u32));
+    for k in 0..400u64 {
+        let d = DomainId((k % 2) as u16);
+        let bt = [LocationCode(100 + k % 3), LocationCode(200 + k % 5)];
+        let t = Timestamp(1_000_000 + 10 * k);
+        let id = w.put_alloc(t, d, 2, 1, AllocSource::Minor, &bt, l).unwrap();
+        if k % 3 == 0 {
+            w.put_collect(Timestamp(t.0 + 3), d, id).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    let out = dir.path().join("v2.ctf");
+    memtrace_merge::copy::copy_file(&p, &out, Some(2)).unwrap();
+    assert_eq!(Reader::open(&out).unwrap().info().version, 2);
+    let c = compare(std::slice::from_ref(&p), &out, CompareOptions::default()).unwrap();
+    assert!(c.equal() && c.merged_allocs == 400, "{c:?}");
+    assert_valid(&out);
+}
+
+/// An object allocated by one domain and collected by another in the same microsecond,
+/// the collecting domain's packet first in the file: the merge must still put the
+/// allocation first (and keep the collection).
 #[test]
 fn same_microsecond_collect_by_another_domain_follows_its_allocation() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("v3.ctf");
-    let mut i = info(2, 1_000_000, 1e-4, "gamma.ml");
-    i.version = 3;
-    let mut w = Writer::new(
-        std::fs::File::create(&p).unwrap(),
-        &i,
-        WriterOptions {
-            version: 3,
-            lossless: true,
-        },
-    )
-    .unwrap();
+    let mut w = v3_writer(&p, 2, "gamma.ml");
     w.set_flush_on_domain_switch(false);
     let bt = [LocationCode(100)];
     let l = |_| Some(locs("gamma.ml", "f", 1));
