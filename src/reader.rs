@@ -800,7 +800,11 @@ fn read_event_body(
                 CacheReader::skip(c, nencoded)?;
             }
             let id = *alloc_id;
-            *alloc_id += 1;
+            // (a packet's first id may be anything up to u64::MAX)
+            *alloc_id = id.checked_add(1).ok_or(Malformed::BadValue {
+                field: "allocation id",
+                value: id as i64,
+            })?;
             Ok(Some(Pending::Alloc {
                 time,
                 id,

@@ -872,6 +872,54 @@ pub(crate) mod tests {
         v
     }
 
+    /// A packet's first alloc id may be anything (ordered as a signed number, -1 is
+    /// before 0): an allocation id past u64::MAX is an error, not an overflow.
+    #[test]
+    fn allocation_ids_past_the_last_are_an_error() {
+        let mut w = Writer::new(
+            Vec::new(),
+            &info(3),
+            WriterOptions {
+                version: 3,
+                lossless: false,
+            },
+        )
+        .unwrap();
+        let t = Timestamp(1_000_001);
+        let bt = [LocationCode(5)];
+        w.put_alloc(t, DomainId(0), 2, 1, AllocSource::Minor, &bt, locs)
+            .unwrap();
+        w.put_alloc(t, DomainId(0), 2, 1, AllocSource::Minor, &bt, locs)
+            .unwrap();
+        let mut b = w.finish().unwrap();
+        // the last packet, the allocations': its first and last alloc ids, the last 16
+        // bytes of its 68-byte header
+        let (mut at, mut last) = (0, 0);
+        while at < b.len() {
+            last = at;
+            at += u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize / 8;
+        }
+        let at = last;
+        b[at + 52..at + 60].copy_from_slice(&u64::MAX.to_le_bytes());
+        b[at + 60..at + 68].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut r = Reader::new(&b[..], "t").unwrap();
+        let mut err = None;
+        loop {
+            match r.next_event() {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    err = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("allocation id")),
+            "{err:?}"
+        );
+    }
+
     /// The info packet must fit the reference reader's 32 KiB buffer: the writer refuses a
     /// longer one (say, a long context), and the reader one it is given.
     #[test]
