@@ -1316,6 +1316,14 @@ mod tests {
             .join(p)
     }
 
+    /// The `fork/` traces of these names.
+    fn fork(names: &[&str]) -> Vec<PathBuf> {
+        names
+            .iter()
+            .map(|n| data(&format!("fork/{n}.ctf")))
+            .collect()
+    }
+
     /// A trace of 4,000 allocations whose stacks repeat, in codes 1000.. that mean
     /// something of `file`'s (two such traces of different files collide on every code).
     fn write_repeating(path: &Path, pid: u64, file: &str) {
@@ -1380,10 +1388,7 @@ mod tests {
                 p
             })
             .collect();
-        let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
-            .iter()
-            .map(|n| data(&format!("fork/{n}.ctf")))
-            .collect();
+        let fork = fork(&["parent", "child-1", "child-2", "child-3", "child-4"]);
         let mut with_v3 = fork.clone();
         with_v3.push(data("v3/multidomain.ctf"));
         let sets: [(Vec<PathBuf>, Option<u16>); 3] =
@@ -1470,10 +1475,7 @@ mod tests {
     #[test]
     fn a_decoding_thread_that_panics_fails_the_merge_with_its_message() {
         let dir = tempfile::tempdir().unwrap();
-        let set: Vec<PathBuf> = ["parent", "child-3", "child-4"]
-            .iter()
-            .map(|n| data(&format!("fork/{n}.ctf")))
-            .collect();
+        let set = fork(&["parent", "child-3", "child-4"]);
         for ahead in [true, false] {
             for threads in [1, 2] {
                 let out = dir.path().join("out.ctf");
@@ -1504,10 +1506,7 @@ mod tests {
     #[test]
     fn batches_the_merging_thread_fills_itself_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut set: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
-            .iter()
-            .map(|n| data(&format!("fork/{n}.ctf")))
-            .collect();
+        let mut set = fork(&["parent", "child-1", "child-2", "child-3", "child-4"]);
         set.push(data("v3/multidomain.ctf"));
         for format in [2, 3] {
             let run = |threads: usize, pause: Duration| {

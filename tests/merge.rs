@@ -287,6 +287,18 @@ fn locs(file: &str, def: &str, line: u32) -> LocationList {
     }])
 }
 
+/// A lossless writer of format `version` of the synthetic trace info (pid, executable),
+/// starting at 1,000,000 µs, sampling at 1e-4.
+fn lossless_writer(path: &Path, version: u16, pid: u64, exe: &str) -> Writer<std::fs::File> {
+    let mut i = info(pid, 1_000_000, 1e-4, exe);
+    i.version = version;
+    let opts = WriterOptions {
+        version,
+        lossless: true,
+    };
+    Writer::new(std::fs::File::create(path).unwrap(), &i, opts).unwrap()
+}
+
 /// Write a synthetic trace in which codes 100..110 mean `file:def_i` and allocations use them.
 fn write_synthetic(path: &Path, pid: u64, start: u64, file: &str, deep: usize) {
     let table: HashMap<LocationCode, LocationList> = (0..10u64)
@@ -545,15 +557,7 @@ fn deep_backtraces_are_never_truncated() {
 fn stacks_too_deep_for_a_share_are_not_cut() {
     let dir = tempfile::tempdir().unwrap();
     let deep = dir.path().join("deep.ctf");
-    let mut w = Writer::new(
-        std::fs::File::create(&deep).unwrap(),
-        &info(1, 1_000_000, 1e-4, "deep.ml"),
-        WriterOptions {
-            version: 2,
-            lossless: true,
-        },
-    )
-    .unwrap();
+    let mut w = lossless_writer(&deep, 2, 1, "deep.ml");
     let mut t = 1_000_000;
     for step in 1..=18u64 {
         // a stack growing 200 frames at a time, every frame its own code
@@ -592,15 +596,7 @@ fn allocations_of_no_samples_are_kept() {
     let z = dir.path().join("zero.ctf");
     let b = dir.path().join("other.ctf");
     write_synthetic(&b, 2, 1_000_005, "other.ml", 0);
-    let mut w = Writer::new(
-        std::fs::File::create(&z).unwrap(),
-        &info(1, 1_000_000, 1e-4, "zero.ml"),
-        WriterOptions {
-            version: 2,
-            lossless: true,
-        },
-    )
-    .unwrap();
+    let mut w = lossless_writer(&z, 2, 1, "zero.ml");
     let mut t = 1_000_000;
     for k in 0..300u64 {
         t += 41;
@@ -796,13 +792,7 @@ fn a_trace_info_too_long_for_a_packet_is_refused() {
     let inputs: Vec<PathBuf> = (0..2)
         .map(|k| {
             let p = dir.path().join(format!("long-{k}.ctf"));
-            let w = Writer::new(
-                std::fs::File::create(&p).unwrap(),
-                &info(1 + k, 1_000_000, 1e-4, &exe),
-                WriterOptions::default(),
-            )
-            .unwrap();
-            w.finish().unwrap();
+            lossless_writer(&p, 2, 1 + k, &exe).finish().unwrap();
             p
         })
         .collect();
@@ -1048,17 +1038,6 @@ fn inputs_of_different_word_sizes_are_refused() {
     assert!(!out.exists());
 }
 
-/// A format-3 writer of the synthetic trace info (pid, executable).
-fn v3_writer(path: &Path, pid: u64, exe: &str) -> Writer<std::fs::File> {
-    let mut i = info(pid, 1_000_000, 1e-4, exe);
-    i.version = 3;
-    let opts = WriterOptions {
-        version: 3,
-        lossless: true,
-    };
-    Writer::new(std::fs::File::create(path).unwrap(), &i, opts).unwrap()
-}
-
 /// An object allocated by one domain and collected by another in the same microsecond,
 /// the allocation behind another event of its own domain in that microsecond (which meets
 /// the other domain's collection first): the collection waits for it.
@@ -1066,7 +1045,7 @@ fn v3_writer(path: &Path, pid: u64, exe: &str) -> Writer<std::fs::File> {
 fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("tie.ctf");
-    let mut w = v3_writer(&p, 2, "tie.ml");
+    let mut w = lossless_writer(&p, 3, 2, "tie.ml");
     let bt = [LocationCode(100)];
     let l = |_| Some(locs("tie.ml", "f", 1));
     let (d0, d1) = (DomainId(0), DomainId(1));
@@ -1101,7 +1080,7 @@ fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
 fn copying_overlapping_domains_to_format_2_orders_them_in_time() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("overlap.ctf");
-    let mut w = v3_writer(&p, 3, "overlap.ml");
+    let mut w = lossless_writer(&p, 3, 3, "overlap.ml");
     w.set_flush_on_domain_switch(false);
     let l = |c: LocationCode| Some(locs("overlap.ml", "f", c.0 as u32));
     for k in 0..400u64 {
@@ -1129,7 +1108,7 @@ fn copying_overlapping_domains_to_format_2_orders_them_in_time() {
 fn same_microsecond_collect_by_another_domain_follows_its_allocation() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("v3.ctf");
-    let mut w = v3_writer(&p, 2, "gamma.ml");
+    let mut w = lossless_writer(&p, 3, 2, "gamma.ml");
     w.set_flush_on_domain_switch(false);
     let bt = [LocationCode(100)];
     let l = |_| Some(locs("gamma.ml", "f", 1));
