@@ -439,13 +439,45 @@ fn give_up_waiting(st: &mut InputState, time: impl Into<Option<u64>>) {
     let n = (st.waiting.iter())
         .take_while(|w| time.is_none_or(|t| w.1 < t))
         .count();
-    for (id, _, collect, _) in st.waiting.drain(..n).collect::<Vec<_>>() {
+    for (id, _, collect, _) in st.waiting.drain(..n) {
         let what = if collect { "collect" } else { "promote" };
-        warn_input(
-            st,
-            format!("{what} of object {id} that is not live; left out"),
-        );
+        (st.warnings).push(format!("{what} of object {id} that is not live; left out"));
     }
+}
+
+/// A promote (`collect` false) or collect of source object `id` at `time`, written in
+/// output domain `dom` when the object is live (left out when thinned away, or a second
+/// promote); false when it is not live.
+#[inline(always)]
+fn follow_object(
+    st: &mut InputState,
+    w: &mut Writer<BackgroundFile>,
+    id: u64,
+    time: u64,
+    collect: bool,
+    dom: DomainId,
+) -> Result<bool> {
+    if collect {
+        match st.live.remove(id) {
+            Some(DROPPED) => {}
+            Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
+            None => return Ok(false),
+        }
+        return Ok(true);
+    }
+    match st.live.get_mut(id) {
+        Some(&mut DROPPED) => {}
+        Some(o) if *o & PROMOTED != 0 => {
+            warn_input(st, format!("second promote of object {id}; left out"));
+        }
+        Some(o) => {
+            let out = *o;
+            *o |= PROMOTED;
+            w.put_promote(Timestamp(time), dom, ObjId(out))?;
+        }
+        None => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// Object `id` was just allocated at `time`: the promotes and collects of it that wait
@@ -460,17 +492,13 @@ fn release_waiting(
     give_up_waiting(st, time);
     while let Some(k) = st.waiting.iter().position(|x| x.0 == id) {
         let (_, t, collect, dom) = st.waiting.remove(k);
-        if collect {
-            match st.live.remove(id) {
-                Some(DROPPED) | None => {}
-                Some(o) => w.put_collect(Timestamp(t), dom, ObjId(o & !PROMOTED))?,
-            }
-        } else if let Some(o) = st.live.get_mut(id) {
-            if *o != DROPPED && *o & PROMOTED == 0 {
-                let out = *o;
-                *o |= PROMOTED;
-                w.put_promote(Timestamp(t), dom, ObjId(out))?;
-            }
+        // (a collect of it may have come first: a promote after it is not live either)
+        if !follow_object(st, w, id, t, collect, dom)? {
+            let what = if collect { "collect" } else { "promote" };
+            warn_input(
+                st,
+                format!("{what} of object {id} that is not live; left out"),
+            );
         }
     }
     Ok(())
@@ -1179,26 +1207,14 @@ fn merge_streams(
                 }
                 Ev::Promote { id } => {
                     st.report.promotes += 1;
-                    match st.live.get_mut(id) {
-                        Some(&mut DROPPED) => {}
-                        Some(o) if *o & PROMOTED != 0 => {
-                            let msg = format!("second promote of object {id}; left out");
-                            warn_input(st, msg);
-                        }
-                        Some(o) => {
-                            let out = *o;
-                            *o |= PROMOTED;
-                            w.put_promote(Timestamp(time), dom, ObjId(out))?;
-                        }
-                        None => wait_for_object(st, id, time, false, dom),
+                    if !follow_object(st, w, id, time, false, dom)? {
+                        wait_for_object(st, id, time, false, dom);
                     }
                 }
                 Ev::Collect { id } => {
                     st.report.collects += 1;
-                    match st.live.remove(id) {
-                        Some(DROPPED) => {}
-                        Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
-                        None => wait_for_object(st, id, time, true, dom),
+                    if !follow_object(st, w, id, time, true, dom)? {
+                        wait_for_object(st, id, time, true, dom);
                     }
                 }
             }
