@@ -144,20 +144,19 @@ impl CompareReport {
 /// Compare the union of `sources`' allocations with `merged`'s.
 pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Result<CompareReport> {
     let paths = crate::merge::expand_inputs(sources)?;
-    let mut readers = Vec::new();
+    // (the rates first, from each info packet: one source open at a time)
+    let mut rates = Vec::with_capacity(paths.len());
     for p in &paths {
-        readers.push(Reader::open(p)?);
+        rates.push(Reader::open(p)?.info().sample_rate);
     }
-    let slowest = readers
-        .iter()
-        .map(|r| r.info().sample_rate)
-        .fold(f64::INFINITY, f64::min);
+    let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
     let mut rep = CompareReport::default();
     // exact: (digest, nsamples) -> count; thinned: digest -> the sources' nsamples
     let mut exact: HashMap<(Digest, u64), i64> = HashMap::new();
     let mut thinned: HashMap<Digest, Vec<u64>> = HashMap::new();
-    for (p, mut r) in paths.iter().zip(readers) {
-        let thin = opts.thinned && r.info().sample_rate > slowest;
+    for (p, rate) in paths.iter().zip(rates) {
+        let mut r = Reader::open(p)?;
+        let thin = opts.thinned && rate > slowest;
         let tag = opts.tagged.then(|| crate::merge::process_tag(p, r.info()));
         let (list, _) = allocations(&mut r, tag.as_ref())?;
         for (d, ns) in list {
