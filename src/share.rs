@@ -51,6 +51,24 @@ pub struct Share {
     tangled: bool,
     /// Per entry of the input's cache, the entry here of the frame last seen in it.
     xlat: Box<[u16; CACHE_SIZE]>,
+    /// The last encoding, when it was of the path as it is and left the tables and the
+    /// path as it found them (but for dates and entry 0): encoding that path again from
+    /// here gives the same codewords ([`Share::encode`]).
+    memo: Memo,
+}
+
+/// An encoding that the same backtrace, encoded again, repeats (see [`Share::memo`]).
+#[derive(Clone, Debug, Default)]
+struct Memo {
+    valid: bool,
+    bytes: Vec<u8>,
+    codes: usize,
+    /// The entry each codeword names (all hits), in order.
+    hits: Vec<u16>,
+    /// Before the encoding: the path, its doubts, and the prediction of each entry in it.
+    at: Vec<u16>,
+    doubt: Vec<u64>,
+    next: Vec<u16>,
 }
 
 impl Share {
@@ -66,6 +84,7 @@ impl Share {
             doubt: Vec::new(),
             tangled: false,
             xlat: table(),
+            memo: Memo::default(),
         }
     }
 
@@ -107,6 +126,7 @@ impl Share {
         if keep == self.at.len() {
             return;
         }
+        self.memo.valid = false;
         for &e in &self.at[keep..] {
             self.uses[e as usize & M] -= 1;
         }
@@ -260,6 +280,31 @@ impl Share {
                 return (1, n);
             }
         }
+        // The same backtrace again, from the tables the last encoding (of it) left as it
+        // found them: the same codewords, naming entries last used now.
+        let m = &mut self.memo;
+        if m.valid && n == self.at.len() && b.len() + m.bytes.len() <= limit {
+            b.extend(&m.bytes);
+            for &e in &m.hits {
+                date[e as usize & M] = alloc_id;
+            }
+            next[0] = m.hits[0];
+            return (m.codes, n);
+        }
+        // (an encoding of the path as it is may leave it and the tables as they are: the
+        // state before it, to tell)
+        let again = n == self.at.len() && n <= 256 && !self.tangled;
+        m.valid = false;
+        let b0 = b.len();
+        if again {
+            m.at.clear();
+            m.at.extend_from_slice(&self.at);
+            m.doubt.clear();
+            m.doubt.extend_from_slice(&self.doubt);
+            m.next.clear();
+            m.next.extend(self.at.iter().map(|&e| next[e as usize & M]));
+        }
+        let mut missed = false;
         let hint = |p: usize| hints.get(p).map(|&i| i as usize & M);
         let mut pos = 0;
         let mut ncodes = 0usize;
@@ -281,6 +326,7 @@ impl Share {
                         h2
                     } else {
                         on_miss(pos, b.len() + 2);
+                        missed = true;
                         let e = if date[h1] < date[h2] { h1 } else { h2 };
                         self.overwrite(e);
                         cache[e] = code;
@@ -363,10 +409,42 @@ impl Share {
             }
             CacheWriter::put_hit(b, hit, pos - start);
         }
+        if again
+            && pos == n
+            && !missed
+            && !self.tangled
+            && self.at == self.memo.at
+            && self.doubt == self.memo.doubt
+            && self
+                .at
+                .iter()
+                .zip(&self.memo.next)
+                .all(|(&e, &p)| next[e as usize & M] == p)
+        {
+            self.remember(&b.bytes()[b0..], ncodes);
+        }
         if self.tangled {
             self.recheck(frames, cache, next);
         }
         (ncodes, pos)
+    }
+
+    /// Keep `bytes` (`codes` codewords, all hits) as the encoding of the path again.
+    #[cold]
+    #[inline(never)]
+    fn remember(&mut self, bytes: &[u8], codes: usize) {
+        let m = &mut self.memo;
+        m.bytes.clear();
+        m.bytes.extend_from_slice(bytes);
+        m.codes = codes;
+        m.hits.clear();
+        let mut k = 0;
+        while k + 1 < bytes.len() {
+            let w = u16::from_le_bytes([bytes[k], bytes[k + 1]]);
+            m.hits.push(w >> 2);
+            k += 2 + (w & 3 == 2) as usize;
+        }
+        m.valid = !m.hits.is_empty();
     }
 }
 
@@ -574,6 +652,48 @@ mod tests {
         for seed in 1..=8 {
             round_trip(seed * 1_000_003, 3, 1000, 40, 3000, 3);
         }
+    }
+
+    #[test]
+    fn an_encoding_repeated_from_memory_is_the_one_made_again() {
+        // Paths that hold an entry twice (recursion) are encoded again and again: each
+        // encoding is also made without the memory, on copies, and both must agree in
+        // their codewords and in everything they leave behind.
+        let mut from_memory = 0;
+        for seed in 1..=16u64 {
+            let mut r = Rng(seed * 7907);
+            let mut cw = CacheWriter::default();
+            let mut s = Share::new(ShareOf { index: 1, count: 3 });
+            let mut last = vec![LocationCode(0x7)];
+            for k in 0..2000i64 {
+                let bt = if r.below(4) == 0 {
+                    next_path(&mut r, 0, &last, 60)
+                } else {
+                    last.clone()
+                };
+                let keep = common_prefix(&last, &bt);
+                let (mut s2, mut cw2) = (s.clone(), cw.clone());
+                s2.memo.valid = false;
+                from_memory +=
+                    (s.memo.valid && keep >= bt.len() && s.at.len() == bt.len()) as usize;
+                let (mut b1, mut b2) = (WriteBuf::with_capacity(64), WriteBuf::with_capacity(64));
+                let r1 = s.encode(&mut cw, &mut b1, k, &bt, &[], keep, LIMIT, |_, _| {});
+                let r2 = s2.encode(&mut cw2, &mut b2, k, &bt, &[], keep, LIMIT, |_, _| {});
+                assert_eq!(r1, r2, "seed {seed}, encoding {k}");
+                assert_eq!(b1.bytes(), b2.bytes(), "seed {seed}, encoding {k}");
+                assert_eq!(
+                    (&s.at, &s.doubt, s.tangled),
+                    (&s2.at, &s2.doubt, s2.tangled)
+                );
+                let ((c1, d1, n1), (c2, d2, n2)) = (cw.tables(), cw2.tables());
+                assert!(
+                    c1 == c2 && d1 == d2 && n1 == n2,
+                    "seed {seed}, encoding {k}"
+                );
+                last = bt;
+            }
+        }
+        assert!(from_memory > 1000, "{from_memory} encodings from memory");
     }
 
     #[test]
