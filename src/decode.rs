@@ -15,16 +15,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// One event of a batch. An allocation's backtrace is the previous allocation's (of the
+/// One event of a batch, at its time. (40 bytes: the merging thread reads every one
+/// decoded on another core, and the fewer cache lines they take, the sooner.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timed {
+    pub time: u64,
+    pub ev: Ev,
+}
+
+/// An event of a batch. An allocation's backtrace is the previous allocation's (of the
 /// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
 /// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
-/// `enc`, for `new` frames.
+/// `enc`, for `new` frames. `nsamples` is [`MANY_SAMPLES`] when the count is that or more,
+/// and then the batch's next entry in `many_samples`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
     Alloc {
         id: u64,
         length: u64,
-        nsamples: u64,
+        nsamples: u32,
         source: AllocSource,
         keep: u32,
         new: u32,
@@ -37,12 +46,30 @@ pub(crate) enum Ev {
     },
 }
 
+const _: () = assert!(std::mem::size_of::<Timed>() == 40);
+
+/// An allocation's `nsamples` that stands for the batch's next entry in `many_samples`.
+pub(crate) const MANY_SAMPLES: u32 = u32::MAX;
+
+impl Timed {
+    /// Its place in the merged order, given its stream's bits of [`order_key`].
+    #[inline(always)]
+    pub fn key(&self, stream_bits: u128) -> u128 {
+        let rank = match self.ev {
+            Ev::Alloc { .. } => 0u128,
+            Ev::Promote { .. } => 1,
+            Ev::Collect { .. } => 2,
+        };
+        ((self.time as u128) << 64) | (rank << 32) | stream_bits
+    }
+}
+
 /// Events of one stream, in its order, with the stream's own location codes.
 #[derive(Default)]
 pub(crate) struct Batch {
-    /// Each event's place in the merged order, [`order_key`].
-    pub keys: Vec<u128>,
-    pub evs: Vec<Ev>,
+    pub evs: Vec<Timed>,
+    /// The sample counts of allocations whose `nsamples` is [`MANY_SAMPLES`], in order.
+    pub many_samples: Vec<u64>,
     pub frames: Vec<LocationCode>,
     /// The input's cache entry of each frame: hints for the output's encoder, whose cache
     /// often places a code where the input's did.
@@ -80,8 +107,8 @@ impl Batch {
     /// not grow (copy and fault in) its vectors step by step.
     fn with_capacity(events: usize) -> Batch {
         Batch {
-            keys: Vec::with_capacity(events),
             evs: Vec::with_capacity(events),
+            many_samples: Vec::new(),
             // (16 new frames an event is plenty but for deep stacks, which grow it)
             frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
@@ -95,8 +122,8 @@ impl Batch {
     }
 
     fn clear(&mut self) {
-        self.keys.clear();
         self.evs.clear();
+        self.many_samples.clear();
         self.frames.clear();
         self.slots.clear();
         self.locs.clear();
@@ -590,8 +617,6 @@ impl Drop for Decoder {
 struct DecState {
     /// the stream's index among all streams
     index: usize,
-    /// the key bits of this stream's events below the time and rank, see [`order_key`]
-    key_bits: u128,
     reader: Option<Reader<crate::input::LazyFile>>,
     /// the stream's input, and what was learned about it reading this stream
     input: usize,
@@ -727,7 +752,6 @@ fn decode_all(
         };
         *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(DecState {
             index,
-            key_bits: order_key(0, s.input, 0, index),
             reader,
             input: s.input,
             rep,
@@ -837,7 +861,6 @@ pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u12
 /// A batch being filled by the reader, with the stream's state.
 struct Filler<'a> {
     b: &'a mut Batch,
-    key_bits: u128,
     bt_valid: &'a mut bool,
     enc: Option<&'a mut Encoder>,
 }
@@ -894,27 +917,40 @@ impl EventSink for Filler<'_> {
             crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
             (keep, backtrace.len() - keep)
         };
-        self.b.keys.push(order_key(time, 0, 0, 0) | self.key_bits);
-        self.b.evs.push(Ev::Alloc {
-            id,
-            length,
-            nsamples,
-            source,
-            keep: first as u32,
-            new: second as u32,
+        let nsamples = u32::try_from(nsamples)
+            .ok()
+            .filter(|&n| n != MANY_SAMPLES)
+            .unwrap_or_else(|| {
+                self.b.many_samples.push(nsamples);
+                MANY_SAMPLES
+            });
+        self.b.evs.push(Timed {
+            time,
+            ev: Ev::Alloc {
+                id,
+                length,
+                nsamples,
+                source,
+                keep: first as u32,
+                new: second as u32,
+            },
         });
     }
 
     #[inline]
     fn promote(&mut self, time: u64, id: u64) {
-        self.b.keys.push(order_key(time, 0, 1, 0) | self.key_bits);
-        self.b.evs.push(Ev::Promote { id });
+        self.b.evs.push(Timed {
+            time,
+            ev: Ev::Promote { id },
+        });
     }
 
     #[inline]
     fn collect(&mut self, time: u64, id: u64) {
-        self.b.keys.push(order_key(time, 0, 2, 0) | self.key_bits);
-        self.b.evs.push(Ev::Collect { id });
+        self.b.evs.push(Timed {
+            time,
+            ev: Ev::Collect { id },
+        });
     }
 
     #[inline]
@@ -933,7 +969,6 @@ fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
     };
     let mut sink = Filler {
         b,
-        key_bits: s.key_bits,
         bt_valid: &mut s.bt_valid,
         enc: s.enc.as_deref_mut(),
     };

@@ -3,7 +3,10 @@
 
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::{Batch, Decoder, Encoder, Ev, Handoff, Hooks, StreamSpec, ENCODING_ROOM};
+use crate::decode::{
+    order_key, Batch, Decoder, Encoder, Ev, Handoff, Hooks, StreamSpec, Timed, ENCODING_ROOM,
+    MANY_SAMPLES,
+};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -336,10 +339,25 @@ struct Stream {
     in_share: bool,
     enc_pos: usize,
     miss_pos: usize,
+    /// the batch's next entry in `many_samples`
+    many_pos: usize,
     enc: Option<Box<Encoder>>,
+    /// its events' bits of [`order_key`] below the time and rank
+    key_bits: u128,
 }
 
 impl Stream {
+    /// An allocation's sample count, from its event's `nsamples` (see [`Ev`]).
+    #[inline(always)]
+    fn samples(&mut self, nsamples: u32) -> u64 {
+        if nsamples == MANY_SAMPLES {
+            self.many_pos += 1;
+            self.batch.many_samples[self.many_pos - 1]
+        } else {
+            nsamples as u64
+        }
+    }
+
     /// A batch begins: when this thread is to encode it (a stream in a share whose batch
     /// came unencoded), it takes the encoder and its backtrace (`bt`, the stream's).
     fn begin_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) -> Result<()> {
@@ -814,7 +832,9 @@ fn merge_attempt(
                 in_share: false,
                 enc_pos: 0,
                 miss_pos: 0,
+                many_pos: 0,
                 enc: None,
+                key_bits: order_key(0, k, 0, streams.len()),
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -1017,7 +1037,7 @@ fn merge_streams(
         s.batch = pipe.next_batch(i);
         s.begin_batch(i, pipe, &mut bts[i])?;
         if s.pos < s.batch.evs.len() {
-            heap.push(Reverse(s.batch.keys[0]));
+            heap.push(Reverse(s.batch.evs[0].key(s.key_bits)));
         }
     }
     let mut nevents = 0u64;
@@ -1039,7 +1059,7 @@ fn merge_streams(
         let dom = s.out_domain;
         let tag = st.tag.is_some() as usize;
         loop {
-            let time = (s.batch.keys[s.pos] >> 64) as u64;
+            let Timed { time, ev } = s.batch.evs[s.pos];
             // Take in the codes the stream defined before this event.
             while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
                 if *at as usize > s.pos {
@@ -1052,7 +1072,7 @@ fn merge_streams(
                 }
                 s.loc_pos += 1;
             }
-            match s.batch.evs[s.pos] {
+            match ev {
                 Ev::Alloc {
                     id,
                     length,
@@ -1061,6 +1081,7 @@ fn merge_streams(
                     keep: ncodes,
                     new: nframes,
                 } if s.batch.encoded => {
+                    let nsamples = s.samples(nsamples);
                     let (at, cut) = s.batch.encoding(s.enc_pos);
                     if cut {
                         return Ok(Merged::ShareTooSmall);
@@ -1102,6 +1123,7 @@ fn merge_streams(
                     keep,
                     new,
                 } => {
+                    let nsamples = s.samples(nsamples);
                     let keep = tag + keep as usize;
                     let bt = &mut bts[i];
                     bt.frames.truncate(keep);
@@ -1229,6 +1251,7 @@ fn merge_streams(
                 s.loc_pos = 0;
                 s.enc_pos = 0;
                 s.miss_pos = 0;
+                s.many_pos = 0;
                 s.begin_batch(i, pipe, &mut bts[i])?;
             }
             nevents += 1;
@@ -1251,10 +1274,10 @@ fn merge_streams(
                     }
                 }
             }
-            match s.batch.keys.get(s.pos) {
-                Some(&next) if next < bound => continue,
+            match s.batch.evs.get(s.pos).map(|t| t.key(s.key_bits)) {
+                Some(next) if next < bound => continue,
                 // replace the top in place (one sift-down instead of a pop and a push)
-                Some(&next) => {
+                Some(next) => {
                     if let Some(mut top) = heap.peek_mut() {
                         *top = Reverse(next);
                     }

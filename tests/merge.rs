@@ -5,8 +5,8 @@
 use memtrace_merge::compare::{allocations, compare, CompareOptions, Digest};
 use memtrace_merge::merge::{merge, MergeOptions, MergeReport, RateMismatch};
 use memtrace_merge::{
-    AllocSource, DomainId, Location, LocationCode, LocationList, Reader, Timestamp, TraceInfo,
-    Writer, WriterOptions,
+    AllocSource, DomainId, Event, Location, LocationCode, LocationList, Reader, Timestamp,
+    TraceInfo, Writer, WriterOptions,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -638,6 +638,60 @@ fn allocations_of_no_samples_are_kept() {
     };
     let c = compare(&thinned, &out, opts).unwrap();
     assert!(c.equal() && c.dropped > 0, "{c:?}");
+}
+
+#[test]
+fn sample_counts_past_32_bits_are_kept() {
+    // (a merge's batches hold counts that do not fit 32 bits apart from the events)
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.ctf");
+    let b = dir.path().join("other.ctf");
+    write_synthetic(&b, 2, 1_000_005, "other.ml", 0);
+    let mut w = lossless_writer(&big, 2, 1, "big.ml");
+    let counts = [
+        u32::MAX as u64 - 1,
+        u32::MAX as u64,
+        u32::MAX as u64 + 1,
+        1 << 40,
+        (1 << 62) - 1,
+    ];
+    let mut t = 1_000_000;
+    let mut want = Vec::new();
+    for k in 0..3000u64 {
+        t += 29;
+        let n = if k % 7 == 3 {
+            counts[(k / 7) as usize % counts.len()]
+        } else {
+            1 + k % 3
+        };
+        want.push(n);
+        let bt: Vec<LocationCode> = (0..2 + k % 5).map(|i| LocationCode(7 + i)).collect();
+        let l = |c: LocationCode| Some(locs("big.ml", "g", c.0 as u32));
+        w.put_alloc(
+            Timestamp(t),
+            DomainId(0),
+            1 << 20,
+            n,
+            AllocSource::Major,
+            &bt,
+            l,
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    let inputs = [big, b];
+    merge_and_compare(&inputs, &MergeOptions::default());
+    let (_d, out, _) = merged(&inputs, &MergeOptions::default());
+    let mut r = Reader::open(&out).unwrap();
+    let mut got = Vec::new();
+    while let Some(e) = r.next_event().unwrap() {
+        if let Event::Alloc(a) = e {
+            if a.length == 1 << 20 {
+                got.push(a.nsamples);
+            }
+        }
+    }
+    assert_eq!(got, want);
 }
 
 #[test]
