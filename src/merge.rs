@@ -61,6 +61,7 @@ fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
 /// The codes an encoding in a share sent whole (each at its offset in `buf`), in merged
 /// codes: written over the input's code in `buf` where that was remapped, and listed in
 /// `missed` (whose locations go out before the packet).
+#[inline(always)]
 fn merged_misses(
     remap: &IntMap<LocationCode, LocationCode>,
     buf: &mut WriteBuf,
@@ -68,6 +69,19 @@ fn merged_misses(
     missed: &mut Vec<LocationCode>,
 ) {
     missed.clear();
+    // (most encodings send no code whole)
+    if !sent.is_empty() {
+        remap_misses(remap, buf, sent, missed);
+    }
+}
+
+#[inline(never)]
+fn remap_misses(
+    remap: &IntMap<LocationCode, LocationCode>,
+    buf: &mut WriteBuf,
+    sent: &[(u32, LocationCode)],
+    missed: &mut Vec<LocationCode>,
+) {
     for &(at, code) in sent {
         let out = remap.get(&code).copied().unwrap_or(code);
         if out != code {
