@@ -10,6 +10,8 @@
 //! 33 s on its 100 MB set), and, when `MEMTRACE_OCAML_MERGE` names a build of the
 //! corrected OCaml merge (`benches/_ocaml/`, built against the memtrace library, which this
 //! repository does not hold), against that program timed in the same run on the same files.
+//! That program holds every event in memory (~5 GB for the synthetic set), so its time
+//! depends on the memory free, which is printed beside it.
 //!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
 
@@ -275,13 +277,26 @@ fn run_ocaml(exe: &Path, inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
     (secs, rss)
 }
 
+/// The memory the kernel reports available (MiB), if it says: the OCaml merge holds every
+/// event (~5 GB for the synthetic set) and its time depends on it (18 s with 20 GiB
+/// available, 29 s with 9.3 GB of it held in tmpfs, on the same files).
+fn mem_available_mib() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
 /// "N x faster" against the given time, and against the one measured now if any.
 fn ratios(ours: f64, given: f64, measured: Option<f64>) -> String {
     let mut s = format!("{:.0}x the given OCaml time ({given:.1} s)", given / ours);
     if let Some(m) = measured {
         s.push_str(&format!(
-            ", {:.0}x the OCaml merge timed in this run ({m:.2} s)",
-            m / ours
+            ", {:.0}x the OCaml merge timed in this run ({m:.2} s{})",
+            m / ours,
+            mem_available_mib()
+                .map(|a| format!(", {:.1} GiB available", a as f64 / 1024.0))
+                .unwrap_or_default()
         ));
     }
     s
