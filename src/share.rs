@@ -283,7 +283,11 @@ impl Share {
         // The same backtrace again, from the tables the last encoding (of it) left as it
         // found them: the same codewords, naming entries last used now.
         let m = &mut self.memo;
-        if m.valid && n == self.at.len() && b.len() + m.bytes.len() <= limit {
+        if m.valid
+            && n == self.at.len()
+            && b.len() + m.bytes.len() <= limit
+            && cache[m.hits[0] as usize & M] == frames[0].0
+        {
             b.extend(&m.bytes);
             for &e in &m.hits {
                 date[e as usize & M] = alloc_id;
@@ -654,45 +658,154 @@ mod tests {
         }
     }
 
+    /// Two worlds in lockstep, one that never encodes from memory: every encoding must
+    /// agree in its codewords, its misses, and everything it leaves behind (path, doubts,
+    /// entry counts, hints, tables), with good, wrong and no hints, bytes already in the
+    /// buffer, limits that cut, a `keep` short of the shared prefix, tiny shares, several
+    /// shares on one thread's tables, and recursive paths long enough to tangle.
     #[test]
-    fn an_encoding_repeated_from_memory_is_the_one_made_again() {
-        // Paths that hold an entry twice (recursion) are encoded again and again: each
-        // encoding is also made without the memory, on copies, and both must agree in
-        // their codewords and in everything they leave behind.
-        let mut from_memory = 0;
-        for seed in 1..=16u64 {
-            let mut r = Rng(seed * 7907);
-            let mut cw = CacheWriter::default();
-            let mut s = Share::new(ShareOf { index: 1, count: 3 });
-            let mut last = vec![LocationCode(0x7)];
-            for k in 0..2000i64 {
-                let bt = if r.below(4) == 0 {
-                    next_path(&mut r, 0, &last, 60)
-                } else {
-                    last.clone()
+    fn an_encoding_from_memory_is_the_one_made_the_long_way() {
+        let mut from_memory = 0usize;
+        let mut cuts = 0usize;
+        for seed in 1..=24u64 {
+            let mut r = Rng(seed * 104_723 + 17);
+            let sources = 1 + (seed % 4) as usize;
+            let count: u16 = match seed % 3 {
+                0 => sources as u16,
+                1 => 1000,
+                _ => 64,
+            };
+            let pool = if seed % 3 == 1 { 40 } else { 300 };
+            let threads = 1 + (seed % 2) as usize;
+            let mk = || -> (Vec<Share>, Vec<CacheWriter>) {
+                (
+                    (0..sources)
+                        .map(|i| {
+                            Share::new(ShareOf {
+                                index: i as u16,
+                                count,
+                            })
+                        })
+                        .collect(),
+                    (0..threads).map(|_| CacheWriter::default()).collect(),
+                )
+            };
+            let (mut s1, mut t1) = mk();
+            let (mut s2, mut t2) = mk();
+            let mut last: Vec<Vec<LocationCode>> = vec![vec![LocationCode(0x7)]; sources];
+            let mut ids = vec![0i64; sources];
+            let mut src = 0usize;
+            for k in 0..6000usize {
+                if r.below(5) == 0 {
+                    src = r.below(sources as u64) as usize;
+                }
+                let bt = match r.below(10) {
+                    0..=6 => last[src].clone(),
+                    7 => {
+                        // long recursion (tangles paths over 64)
+                        let mut bt = last[src].clone();
+                        bt.truncate(r.below(bt.len() as u64 + 1) as usize);
+                        let a = LocationCode(0x1_0000 * (src as u64 + 1) + r.below(pool));
+                        let b = LocationCode(0x1_0000 * (src as u64 + 1) + r.below(pool));
+                        for j in 0..r.below(240) {
+                            bt.push(if j % 3 == 0 {
+                                a
+                            } else {
+                                LocationCode(b.0 + j % 5)
+                            });
+                        }
+                        bt.truncate(300);
+                        bt
+                    }
+                    _ => {
+                        let mut bt = next_path(&mut r, src as u64, &last[src], pool);
+                        bt.truncate(if r.below(10) == 0 { 6000 } else { 280 });
+                        bt
+                    }
                 };
-                let keep = common_prefix(&last, &bt);
-                let (mut s2, mut cw2) = (s.clone(), cw.clone());
-                s2.memo.valid = false;
-                from_memory +=
-                    (s.memo.valid && keep >= bt.len() && s.at.len() == bt.len()) as usize;
-                let (mut b1, mut b2) = (WriteBuf::with_capacity(64), WriteBuf::with_capacity(64));
-                let r1 = s.encode(&mut cw, &mut b1, k, &bt, &[], keep, LIMIT, |_, _| {});
-                let r2 = s2.encode(&mut cw2, &mut b2, k, &bt, &[], keep, LIMIT, |_, _| {});
-                assert_eq!(r1, r2, "seed {seed}, encoding {k}");
-                assert_eq!(b1.bytes(), b2.bytes(), "seed {seed}, encoding {k}");
+                let own = common_prefix(&last[src], &bt);
+                let keep = if r.below(8) == 0 {
+                    r.below(own as u64 + 1) as usize
+                } else {
+                    own
+                };
+                let hints: Vec<u16> = match r.below(4) {
+                    0 => bt
+                        .iter()
+                        .map(|&c| crate::backtrace::buckets(c).0 as u16)
+                        .collect(),
+                    1 => bt.iter().map(|_| r.below(1 << 16) as u16).collect(),
+                    2 => bt.iter().map(|_| r.below(64) as u16).collect(),
+                    _ => Vec::new(),
+                };
+                let pre = r.below(40) as usize;
+                let mut b1 = WriteBuf::with_capacity(64);
+                let mut b2 = WriteBuf::with_capacity(64);
+                for _ in 0..pre {
+                    b1.u8(0xAA);
+                    b2.u8(0xAA);
+                }
+                let limit = match r.below(6) {
+                    0 => pre + r.below(12) as usize,
+                    1 => pre + r.below(80) as usize,
+                    _ => LIMIT,
+                };
+                ids[src] += 1;
+                let id = ids[src];
+                let th = src % threads;
+                s2[src].memo.valid = false;
+                let m = &s1[src].memo;
+                let at_len = s1[src].at.len();
+                if m.valid && keep >= at_len && at_len == bt.len() && pre + m.bytes.len() <= limit {
+                    from_memory += 1;
+                }
+                let mut miss1 = Vec::new();
+                let mut miss2 = Vec::new();
+                let r1 = s1[src].encode(
+                    &mut t1[th],
+                    &mut b1,
+                    id,
+                    &bt,
+                    &hints,
+                    keep,
+                    limit,
+                    |i, a| miss1.push((i, a)),
+                );
+                let r2 = s2[src].encode(
+                    &mut t2[th],
+                    &mut b2,
+                    id,
+                    &bt,
+                    &hints,
+                    keep,
+                    limit,
+                    |i, a| miss2.push((i, a)),
+                );
+                let ctx = format!(
+                    "seed {seed}, step {k}, src {src}, n {}, keep {keep}, limit {limit}, pre {pre}",
+                    bt.len()
+                );
+                assert_eq!(r1, r2, "{ctx}");
+                cuts += (r1.1 < bt.len()) as usize;
+                assert_eq!(miss1, miss2, "{ctx}");
+                assert_eq!(b1.bytes(), b2.bytes(), "{ctx}");
+                let (a, b) = (&s1[src], &s2[src]);
                 assert_eq!(
-                    (&s.at, &s.doubt, s.tangled),
-                    (&s2.at, &s2.doubt, s2.tangled)
+                    (&a.at, &a.doubt, a.tangled),
+                    (&b.at, &b.doubt, b.tangled),
+                    "{ctx}"
                 );
-                let ((c1, d1, n1), (c2, d2, n2)) = (cw.tables(), cw2.tables());
-                assert!(
-                    c1 == c2 && d1 == d2 && n1 == n2,
-                    "seed {seed}, encoding {k}"
-                );
-                last = bt;
+                assert!(a.uses[..] == b.uses[..], "uses {ctx}");
+                assert!(a.xlat[..] == b.xlat[..], "xlat {ctx}");
+                a.check_uses();
+                let ((c1, d1, n1), (c2, d2, n2)) = (t1[th].tables(), t2[th].tables());
+                assert!(c1[..] == c2[..], "cache {ctx}");
+                assert!(d1[..] == d2[..], "date {ctx}");
+                assert!(n1[..] == n2[..], "next {ctx}");
+                last[src] = bt;
             }
         }
+        assert!(cuts > 1000, "{cuts} encodings cut");
         assert!(from_memory > 1000, "{from_memory} encodings from memory");
     }
 
