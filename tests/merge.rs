@@ -692,6 +692,27 @@ fn sample_counts_past_32_bits_are_kept() {
         }
     }
     assert_eq!(got, want);
+    // thinned to a slower input's rate (a tenth), the counts past 32 bits stay within
+    // what was read, and the comparison (largest to largest) holds
+    let thinned = [inputs[0].clone(), data("rates/slow.ctf")];
+    let (_d, out, _) = merged(&thinned, &MergeOptions::default());
+    let opts = CompareOptions {
+        thinned: true,
+        tagged: false,
+    };
+    let c = compare(&thinned, &out, opts).unwrap();
+    assert!(c.equal(), "{c:?}");
+    let mut r = Reader::open(&out).unwrap();
+    let mut big = 0;
+    while let Some(e) = r.next_event().unwrap() {
+        if let Event::Alloc(a) = e {
+            if a.length == 1 << 20 && a.nsamples > u32::MAX as u64 {
+                big += 1;
+            }
+        }
+    }
+    // (of each 2^40 and 2^62 - 1 count, about a tenth is left: still past 32 bits)
+    assert!(big > 100, "{big} thinned counts past 32 bits");
 }
 
 #[test]
