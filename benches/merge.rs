@@ -1,6 +1,7 @@
 //! Merge speed and memory: the five `fork/` traces, and a synthetic set of four overlapping
 //! "processes" (~78 MB, 11 M events) written with the library's writer, then the same set
-//! twice as long to show memory stays flat. Each merge runs the release CLI as a child (its
+//! twice as long to show memory stays flat, then a set whose call paths change twice as
+//! often (~94 MB, 11 M events: the size of the set the issue's 33 s was measured on). Each merge runs the release CLI as a child (its
 //! peak RSS from `wait4`), into an output that does not exist yet (as a first merge does;
 //! replacing a file costs the file system a flush). Times are the median and
 //! the best of several runs after an untimed one: this machine's timings vary by ±15% from
@@ -44,9 +45,18 @@ impl Lcg {
 }
 
 /// One synthetic process: `events` events over `span_us`, a pool of call paths sharing
-/// prefixes (as real OCaml stacks do), mostly short minor allocations, collects soon after,
-/// some promotions and long-lived objects.
-fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, seed: u64) {
+/// prefixes (as real OCaml stacks do), one allocation in `switch` on another path than the
+/// one before, mostly short minor allocations, collects soon after, some promotions and
+/// long-lived objects.
+fn write_process(
+    path: &Path,
+    pid: u64,
+    start: u64,
+    span_us: u64,
+    events: u64,
+    seed: u64,
+    switch: u64,
+) {
     let mut rng = Lcg(seed);
     let ncodes = 3000u64;
     let base = 0x5500_0000_0000u64 + pid * 0x10_0000;
@@ -111,7 +121,7 @@ fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, s
             w.put_collect(Timestamp(t), DomainId(0), ObjId(id)).unwrap();
             n += 1;
         }
-        if rng.below(8) == 0 {
+        if rng.below(switch) == 0 {
             path = rng.below(paths.len() as u64) as usize;
         }
         let len = if rng.below(50) == 0 {
@@ -150,7 +160,7 @@ fn write_process(path: &Path, pid: u64, start: u64, span_us: u64, events: u64, s
     w.finish().unwrap();
 }
 
-fn make_set(dir: &Path, scale: f64, length: u64) -> (Vec<PathBuf>, u64) {
+fn make_set(dir: &Path, scale: f64, length: u64, switch: u64) -> (Vec<PathBuf>, u64) {
     std::fs::create_dir_all(dir).unwrap();
     let events = (2_750_000.0 * scale) as u64 * length;
     let span = (60_000_000.0 * scale) as u64 * length;
@@ -166,6 +176,7 @@ fn make_set(dir: &Path, scale: f64, length: u64) -> (Vec<PathBuf>, u64) {
                 span,
                 events,
                 17 + k,
+                switch,
             );
         }
         bytes += std::fs::metadata(&p).unwrap().len();
@@ -350,13 +361,15 @@ fn main() {
 
     let data = root.join("target/bench-data");
     let mut first_rss = None;
-    for length in [1u64, 2] {
+    // The set (paths change at one allocation in 8), the same twice as long, and a set whose
+    // paths change twice as often (the size the issue names, ~100 MB).
+    for (length, switch) in [(1u64, 8u64), (2, 8), (1, 4)] {
         let t0 = Instant::now();
-        let (set, bytes) = make_set(
-            &data.join(format!("v2-scale{scale}-x{length}")),
-            scale,
-            length,
-        );
+        let name = match switch {
+            8 => format!("v2-scale{scale}-x{length}"),
+            _ => format!("v2-switch{switch}-scale{scale}-x{length}"),
+        };
+        let (set, bytes) = make_set(&data.join(name), scale, length, switch);
         let gen = t0.elapsed().as_secs_f64();
         let ev = events_of(&set);
         let t = timed(7, || run_merge(&set, &out));
@@ -368,7 +381,12 @@ fn main() {
             .filter(|_| length == 1)
             .map(|exe| run_ocaml(exe, &set, &out).0);
         println!(
-            "synthetic x{length} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
+            "synthetic x{length}{} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
+            if switch == 8 {
+                ""
+            } else {
+                ", paths changing twice as often"
+            },
             bytes as f64 / 1e6,
             ev as f64 / 1e6,
             gen,
@@ -379,7 +397,9 @@ fn main() {
             rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
             ratios(s, OCAML_BIG_S * scale * length as f64, base)
         );
-        if length == 1 {
+        if switch != 8 {
+            // (not a doubling of the first set)
+        } else if length == 1 {
             first_rss = rss;
         } else if let (Some(a), Some(b)) = (first_rss, rss) {
             println!(
