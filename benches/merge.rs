@@ -298,13 +298,6 @@ fn mem_available_mib() -> Option<u64> {
     Some(kib / 1024)
 }
 
-/// Wait for the kernel to take back the ~5 GB an OCaml merge of a synthetic set held: for
-/// some seconds after it ends, whatever runs is slowed (`fork/` merges measured 49 ms median
-/// right after it, 28 ms 15 s later), and the next thing timed is ours.
-fn settle() {
-    std::thread::sleep(std::time::Duration::from_secs(15));
-}
-
 /// "N x faster" against the given time, and against the one measured now if any.
 fn ratios(ours: f64, given: f64, measured: Option<f64>) -> String {
     let mut s = format!("{:.0}x the given OCaml time ({given:.1} s)", given / ours);
@@ -382,12 +375,11 @@ fn main() {
         let t = timed(7, || run_merge(&set, &out));
         let s = t.median;
         let rss = t.rss;
-        // (the OCaml merge holds every event in memory: timed once, on sets of one length)
-        let base = ocaml.as_deref().filter(|_| length == 1).map(|exe| {
-            let secs = run_ocaml(exe, &set, &out).0;
-            settle();
-            secs
-        });
+        // (the OCaml merge holds every event in memory: timed once, on the first set only)
+        let base = ocaml
+            .as_deref()
+            .filter(|_| length == 1)
+            .map(|exe| run_ocaml(exe, &set, &out).0);
         println!(
             "synthetic x{length}{} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
             if switch == 8 {
