@@ -75,6 +75,7 @@ fn merged_misses(
     }
 }
 
+/// [`merged_misses`] for an encoding that sent codes whole.
 #[inline(never)]
 fn remap_misses(
     remap: &IntMap<LocationCode, LocationCode>,
