@@ -56,11 +56,11 @@ impl Timed {
     #[inline(always)]
     pub fn key(&self, stream_bits: u128) -> u128 {
         let rank = match self.ev {
-            Ev::Alloc { .. } => 0u128,
+            Ev::Alloc { .. } => 0,
             Ev::Promote { .. } => 1,
             Ev::Collect { .. } => 2,
         };
-        ((self.time as u128) << 64) | (rank << 32) | stream_bits
+        order_key(self.time, 0, rank, 0) | stream_bits
     }
 }
 
