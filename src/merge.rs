@@ -473,9 +473,14 @@ fn give_up_waiting(st: &mut InputState, time: impl Into<Option<u64>>) {
         .take_while(|w| time.is_none_or(|t| w.1 < t))
         .count();
     for (id, _, collect, _) in st.waiting.drain(..n) {
-        let what = if collect { "collect" } else { "promote" };
-        (st.warnings).push(format!("{what} of object {id} that is not live; left out"));
+        left_out_not_live(&mut st.warnings, id, collect);
     }
+}
+
+/// Warn of a promote (`collect` false) or collect of source object `id`, not live, left out.
+fn left_out_not_live(warnings: &mut Warnings, id: u64, collect: bool) {
+    let what = if collect { "collect" } else { "promote" };
+    warnings.push(format!("{what} of object {id} that is not live; left out"));
 }
 
 /// A promote (`collect` false) or collect of source object `id` at `time`, written in
@@ -527,11 +532,7 @@ fn release_waiting(
         let (_, t, collect, dom) = st.waiting.remove(k);
         // (a collect of it may have come first: a promote after it is not live either)
         if !follow_object(st, w, id, t, collect, dom)? {
-            let what = if collect { "collect" } else { "promote" };
-            warn_input(
-                st,
-                format!("{what} of object {id} that is not live; left out"),
-            );
+            left_out_not_live(&mut st.warnings, id, collect);
         }
     }
     Ok(())
