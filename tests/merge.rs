@@ -2,7 +2,7 @@
 //! sources allocation by allocation (time, kind, samples, length, resolved backtrace,
 //! promote and collect times), checked by `memtrace-merge check`, and by babeltrace2 if present.
 
-use memtrace_merge::compare::{allocations, compare, CompareOptions, Digest};
+use memtrace_merge::compare::{allocations, compare, CompareOptions, CompareReport, Digest};
 use memtrace_merge::merge::{merge, MergeOptions, MergeReport, RateMismatch};
 use memtrace_merge::{
     AllocSource, DomainId, Event, Location, LocationCode, LocationList, Reader, Timestamp,
@@ -630,14 +630,35 @@ fn allocations_of_no_samples_are_kept() {
     let (_d, out, _) = merged(std::slice::from_ref(&z), &MergeOptions::default());
     assert!(std::fs::read(&out).unwrap() == std::fs::read(&z).unwrap());
     // thinned to a slower input's rate, it keeps them too, as the comparison expects
-    let thinned = [z, data("rates/slow.ctf")];
-    let (_d, out, _) = merged(&thinned, &MergeOptions::default());
+    let (_d, _, c) = thinned_by_slow(&z);
+    assert!(c.equal() && c.dropped > 0, "{c:?}");
+}
+
+/// `input` merged with `rates/slow.ctf` (so thinned to a tenth or less), and the merged
+/// trace compared with both allowing for thinning.
+fn thinned_by_slow(input: &Path) -> (tempfile::TempDir, PathBuf, CompareReport) {
+    let inputs = [input.to_path_buf(), data("rates/slow.ctf")];
+    let (dir, out, _) = merged(&inputs, &MergeOptions::default());
     let opts = CompareOptions {
         thinned: true,
         tagged: false,
     };
-    let c = compare(&thinned, &out, opts).unwrap();
-    assert!(c.equal() && c.dropped > 0, "{c:?}");
+    let c = compare(&inputs, &out, opts).unwrap();
+    (dir, out, c)
+}
+
+/// The sample counts of `path`'s allocations of `length` words, in order.
+fn samples_of_length(path: &Path, length: u64) -> Vec<u64> {
+    let mut r = Reader::open(path).unwrap();
+    let mut got = Vec::new();
+    while let Some(e) = r.next_event().unwrap() {
+        if let Event::Alloc(a) = e {
+            if a.length == length {
+                got.push(a.nsamples);
+            }
+        }
+    }
+    got
 }
 
 #[test]
@@ -682,35 +703,14 @@ fn sample_counts_past_32_bits_are_kept() {
     let inputs = [big, b];
     merge_and_compare(&inputs, &MergeOptions::default());
     let (_d, out, _) = merged(&inputs, &MergeOptions::default());
-    let mut r = Reader::open(&out).unwrap();
-    let mut got = Vec::new();
-    while let Some(e) = r.next_event().unwrap() {
-        if let Event::Alloc(a) = e {
-            if a.length == 1 << 20 {
-                got.push(a.nsamples);
-            }
-        }
-    }
-    assert_eq!(got, want);
+    assert_eq!(samples_of_length(&out, 1 << 20), want);
     // thinned to a slower input's rate (a tenth), the counts past 32 bits stay within
     // what was read, and the comparison (largest to largest) holds
-    let thinned = [inputs[0].clone(), data("rates/slow.ctf")];
-    let (_d, out, _) = merged(&thinned, &MergeOptions::default());
-    let opts = CompareOptions {
-        thinned: true,
-        tagged: false,
-    };
-    let c = compare(&thinned, &out, opts).unwrap();
+    let (_d, out, c) = thinned_by_slow(&inputs[0]);
     assert!(c.equal(), "{c:?}");
-    let mut r = Reader::open(&out).unwrap();
-    let mut big = 0;
-    while let Some(e) = r.next_event().unwrap() {
-        if let Event::Alloc(a) = e {
-            if a.length == 1 << 20 && a.nsamples > u32::MAX as u64 {
-                big += 1;
-            }
-        }
-    }
+    let big = (samples_of_length(&out, 1 << 20).iter())
+        .filter(|&&n| n > u32::MAX as u64)
+        .count();
     // (of each 2^40 and 2^62 - 1 count, about a tenth is left: still past 32 bits)
     assert!(big > 100, "{big} thinned counts past 32 bits");
 }
