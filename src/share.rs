@@ -20,7 +20,7 @@ const M: usize = CACHE_SIZE - 1;
 
 /// Paths up to this long have the positions in a changed entry found and doubted; longer
 /// ones are tangled (see [`Share::tangled`]).
-const SCAN_MAX: usize = 64;
+const SCAN_MAX: usize = 256;
 
 /// Which share of a domain's cache a source writes in: `index` of `count` equal ranges of
 /// the entries after entry 0.
@@ -178,11 +178,11 @@ impl Share {
         }
     }
 
-    /// The positions in entry `x` among the first 64, as bits.
+    /// The positions in entry `x` among the 64 from `64 * w`, as bits.
     #[inline(always)]
-    fn in_entry(&self, x: usize) -> u64 {
+    fn in_entry(&self, x: usize, w: usize) -> u64 {
         let mut m = 0u64;
-        for (k, &a) in self.at.iter().take(64).enumerate() {
+        for (k, &a) in self.at.iter().skip(w << 6).take(64).enumerate() {
             m |= ((a as usize == x) as u64) << k;
         }
         m
@@ -198,12 +198,14 @@ impl Share {
             self.tangled = true;
             return;
         }
-        let mut m = self.in_entry(x);
-        while m != 0 {
-            let j = m.trailing_zeros() as usize;
-            m &= m - 1;
-            if j + 1 < n && j + 1 != p && self.at[j + 1] as usize != e {
-                self.set_doubt(j + 1);
+        for w in 0..n.div_ceil(64) {
+            let mut m = self.in_entry(x, w);
+            while m != 0 {
+                let j = (w << 6) + m.trailing_zeros() as usize;
+                m &= m - 1;
+                if j + 1 < n && j + 1 != p && self.at[j + 1] as usize != e {
+                    self.set_doubt(j + 1);
+                }
             }
         }
     }
@@ -215,7 +217,9 @@ impl Share {
             if self.at.len() > SCAN_MAX {
                 self.tangled = true;
             } else {
-                self.doubt[0] |= self.in_entry(e);
+                for w in 0..self.doubt.len() {
+                    self.doubt[w] |= self.in_entry(e, w);
+                }
             }
         }
     }
