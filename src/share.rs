@@ -20,7 +20,7 @@ const M: usize = CACHE_SIZE - 1;
 
 /// Paths up to this long have the positions in a changed entry found and doubted; longer
 /// ones are tangled (see [`Share::tangled`]).
-const SCAN_MAX: usize = 256;
+const SCAN_MAX: usize = 1024;
 
 /// Which share of a domain's cache a source writes in: `index` of `count` equal ranges of
 /// the entries after entry 0.
@@ -301,7 +301,7 @@ impl Share {
         }
         // (an encoding of the path as it is may leave it and the tables as they are: the
         // state before it, to tell)
-        let again = n == self.at.len() && n <= 256 && !self.tangled;
+        let again = n == self.at.len() && n <= SCAN_MAX && !self.tangled;
         m.valid = false;
         let b0 = b.len();
         if again {
@@ -670,6 +670,8 @@ mod tests {
     #[test]
     fn an_encoding_from_memory_is_the_one_made_the_long_way() {
         let mut from_memory = 0usize;
+        let mut long_from_memory = 0usize;
+        let mut over_scan = 0usize;
         let mut cuts = 0usize;
         for seed in 1..=24u64 {
             let mut r = Rng(seed * 104_723 + 17);
@@ -706,19 +708,25 @@ mod tests {
                 let bt = match r.below(10) {
                     0..=6 => last[src].clone(),
                     7 => {
-                        // long recursion (tangles paths over 64)
+                        // long recursion: scanned paths of several words, and paths over
+                        // SCAN_MAX (tangled)
                         let mut bt = last[src].clone();
                         bt.truncate(r.below(bt.len() as u64 + 1) as usize);
                         let a = LocationCode(0x1_0000 * (src as u64 + 1) + r.below(pool));
                         let b = LocationCode(0x1_0000 * (src as u64 + 1) + r.below(pool));
-                        for j in 0..r.below(240) {
+                        let reps = match r.below(8) {
+                            0 => r.below(SCAN_MAX as u64 + 200),
+                            1..=3 => r.below(700),
+                            _ => r.below(240),
+                        };
+                        for j in 0..reps {
                             bt.push(if j % 3 == 0 {
                                 a
                             } else {
                                 LocationCode(b.0 + j % 5)
                             });
                         }
-                        bt.truncate(300);
+                        bt.truncate(SCAN_MAX + 100);
                         bt
                     }
                     _ => {
@@ -762,7 +770,9 @@ mod tests {
                 let at_len = s1[src].at.len();
                 if m.valid && keep >= at_len && at_len == bt.len() && pre + m.bytes.len() <= limit {
                     from_memory += 1;
+                    long_from_memory += (at_len > 256) as usize;
                 }
+                over_scan += (bt.len() > SCAN_MAX) as usize;
                 let mut miss1 = Vec::new();
                 let mut miss2 = Vec::new();
                 let r1 = s1[src].encode(
@@ -811,6 +821,11 @@ mod tests {
         }
         assert!(cuts > 1000, "{cuts} encodings cut");
         assert!(from_memory > 1000, "{from_memory} encodings from memory");
+        assert!(
+            long_from_memory > 100,
+            "{long_from_memory} encodings of more than 256 frames from memory"
+        );
+        assert!(over_scan > 100, "{over_scan} encodings of tangled paths");
     }
 
     #[test]
@@ -828,11 +843,13 @@ mod tests {
         assert_eq!(b.len() - at, 3, "a hit and a run of 39");
         // a long path that holds an entry many times, with different frames after it,
         // tangles the share while it is encoded; its bits are found again at the end
-        let rec: Vec<LocationCode> = (0..90)
-            .map(|i| LocationCode(if i % 3 == 0 { 1 } else { 0x900 + i }))
+        let n = SCAN_MAX + 90;
+        let rec: Vec<LocationCode> = (0..n)
+            .map(|i| LocationCode(if i % 3 == 0 { 1 } else { 0x900 + i as u64 }))
             .collect();
+        let mut long = WriteBuf::with_capacity(1 << 14);
         for k in 0..3 {
-            s.encode(&mut cw, &mut b, 3 + k, &rec, &[], 90, 4000, |_, _| {});
+            s.encode(&mut cw, &mut long, 3 + k, &rec, &[], n, 1 << 20, |_, _| {});
             assert!(!s.tangled);
         }
         s.encode(&mut cw, &mut b, 6, &bt, &[], 0, 4000, |_, _| {});
