@@ -22,6 +22,11 @@ const M: usize = CACHE_SIZE - 1;
 /// ones are tangled (see [`Share::tangled`]).
 const SCAN_MAX: usize = 1024;
 
+/// Past 256 positions, an encoding finds the positions of changed entries this many times
+/// at most (each a look at the whole path); then it tangles, which costs about as much
+/// once (a path holding many entries twice would otherwise be looked at whole for each).
+const SCANS_MAX: u32 = 4;
+
 /// Which share of a domain's cache a source writes in: `index` of `count` equal ranges of
 /// the entries after entry 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,12 +54,17 @@ pub struct Share {
     /// rather than finding those positions, the rest of the encoding looks at every frame
     /// and the bits are found again at its end. (A short path's positions are found.)
     tangled: bool,
+    /// How many times this encoding found the positions in an entry (see [`SCANS_MAX`]).
+    scans: u32,
     /// Per entry of the input's cache, the entry here of the frame last seen in it.
     xlat: Box<[u16; CACHE_SIZE]>,
     /// The last encoding, when it was of the path as it is and left the tables and the
     /// path as it found them (but for dates and entry 0): encoding that path again from
     /// here gives the same codewords ([`Share::encode`]).
     memo: Memo,
+    /// (tests: never take a shortcut, to compare the shortcuts' encodings with)
+    #[cfg(test)]
+    long_way: bool,
 }
 
 /// An encoding that the same backtrace, encoded again, repeats (see [`Share::memo`]).
@@ -83,8 +93,11 @@ impl Share {
             uses: table(),
             doubt: Vec::new(),
             tangled: false,
+            scans: 0,
             xlat: table(),
             memo: Memo::default(),
+            #[cfg(test)]
+            long_way: false,
         }
     }
 
@@ -188,13 +201,21 @@ impl Share {
         m
     }
 
+    /// Whether the positions in an entry are to be found (else the share tangles).
+    #[inline(always)]
+    fn may_scan(&mut self) -> bool {
+        let n = self.at.len();
+        self.scans += 1;
+        !self.tangled && (n <= 256 || (n <= SCAN_MAX && self.scans <= SCANS_MAX))
+    }
+
     /// [`Share::repoint`] for an entry that more than one position is in: in a short path
     /// the positions after those are doubted, a long one is tangled.
     #[cold]
     #[inline(never)]
     fn doubt_after(&mut self, x: usize, e: usize, p: usize) {
         let n = self.at.len();
-        if n > SCAN_MAX {
+        if !self.may_scan() {
             self.tangled = true;
             return;
         }
@@ -214,7 +235,7 @@ impl Share {
     #[inline(always)]
     fn overwrite(&mut self, e: usize) {
         if self.uses[e] > 0 {
-            if self.at.len() > SCAN_MAX {
+            if !self.may_scan() {
                 self.tangled = true;
             } else {
                 for w in 0..self.doubt.len() {
@@ -273,21 +294,34 @@ impl Share {
         let (cache, date, next) = cw.tables();
         let n = frames.len();
         // The most common case, in short: the stream's last backtrace again, its path all
-        // known good (what the loop below does for it: one hit and a run of n - 1).
-        if n == self.at.len() && (2..=256).contains(&n) && !self.tangled && b.len() <= limit {
+        // known good (what the loop below does for it: one hit and a run of n - 1, or of
+        // 255, and so on from every 256th position, while each codeword starts in `limit`).
+        let hits = n.div_ceil(256);
+        if n == self.at.len()
+            && n >= 2
+            && !self.tangled
+            && b.len() + 3 * (hits - 1) <= limit
+            && self.shortcuts()
+        {
             let e = self.at[0] as usize & M;
             if e != 0 && cache[e] == frames[0].0 && self.next_doubt(1, n) == n {
-                date[e] = alloc_id;
                 next[0] = e as u16;
                 self.doubt[0] &= !1;
-                CacheWriter::put_hit(b, e, n - 1);
-                return (1, n);
+                date[e] = alloc_id;
+                if n <= 256 {
+                    CacheWriter::put_hit(b, e, n - 1);
+                } else {
+                    self.put_path(b, date, alloc_id);
+                }
+                return (hits, n);
             }
         }
         // The same backtrace again, from the tables the last encoding (of it) left as it
         // found them: the same codewords, naming entries last used now.
+        let shortcuts = self.shortcuts();
         let m = &mut self.memo;
         if m.valid
+            && shortcuts
             && n == self.at.len()
             && b.len() + m.bytes.len() <= limit
             && cache[m.hits[0] as usize & M] == frames[0].0
@@ -301,7 +335,8 @@ impl Share {
         }
         // (an encoding of the path as it is may leave it and the tables as they are: the
         // state before it, to tell)
-        let again = n == self.at.len() && n <= SCAN_MAX && !self.tangled;
+        let again = n == self.at.len() && !self.tangled;
+        self.scans = 0;
         m.valid = false;
         let b0 = b.len();
         if again {
@@ -417,10 +452,15 @@ impl Share {
             }
             CacheWriter::put_hit(b, hit, pos - start);
         }
+        // (tangled, the doubts are found again before they are compared: whether the
+        // encoding looked at every frame or skipped those known good, the codewords are
+        // the same, given by the tables)
+        if self.tangled {
+            self.recheck(frames, cache, next);
+        }
         if again
             && pos == n
             && !missed
-            && !self.tangled
             && self.at == self.memo.at
             && self.doubt == self.memo.doubt
             && self
@@ -431,10 +471,30 @@ impl Share {
         {
             self.remember(&b.bytes()[b0..], ncodes);
         }
-        if self.tangled {
-            self.recheck(frames, cache, next);
-        }
         (ncodes, pos)
+    }
+
+    /// The codewords of a path of more than 256 positions known good: a hit at every
+    /// 256th and a run of the ones after it.
+    #[cold]
+    #[inline(never)]
+    fn put_path(&self, b: &mut WriteBuf, date: &mut [i64; CACHE_SIZE], alloc_id: i64) {
+        let n = self.at.len();
+        CacheWriter::put_hit(b, self.at[0] as usize & M, 255);
+        for k in (256..n).step_by(256) {
+            let e = self.at[k] as usize & M;
+            date[e] = alloc_id;
+            CacheWriter::put_hit(b, e, (n - 1 - k).min(255));
+        }
+    }
+
+    /// Whether [`Share::encode`] may repeat a path without looking at it, or from memory.
+    #[inline(always)]
+    fn shortcuts(&self) -> bool {
+        #[cfg(test)]
+        return !self.long_way;
+        #[cfg(not(test))]
+        true
     }
 
     /// Keep `bytes` (`codes` codewords, all hits) as the encoding of the path again.
@@ -662,7 +722,8 @@ mod tests {
         }
     }
 
-    /// Two worlds in lockstep, one that never encodes from memory: every encoding must
+    /// Two worlds in lockstep, one that never takes a shortcut (a known-good path repeated
+    /// without looking at it, or an encoding from memory): every encoding must
     /// agree in its codewords, its misses, and everything it leaves behind (path, doubts,
     /// entry counts, hints, tables), with good, wrong and no hints, bytes already in the
     /// buffer, limits that cut, a `keep` short of the shared prefix, tiny shares, several
@@ -672,6 +733,7 @@ mod tests {
         let mut from_memory = 0usize;
         let mut long_from_memory = 0usize;
         let mut over_scan = 0usize;
+        let mut long_again = 0usize;
         let mut cuts = 0usize;
         for seed in 1..=24u64 {
             let mut r = Rng(seed * 104_723 + 17);
@@ -698,6 +760,9 @@ mod tests {
             };
             let (mut s1, mut t1) = mk();
             let (mut s2, mut t2) = mk();
+            for s in &mut s2 {
+                s.long_way = true;
+            }
             let mut last: Vec<Vec<LocationCode>> = vec![vec![LocationCode(0x7)]; sources];
             let mut ids = vec![0i64; sources];
             let mut src = 0usize;
@@ -765,7 +830,6 @@ mod tests {
                 ids[src] += 1;
                 let id = ids[src];
                 let th = src % threads;
-                s2[src].memo.valid = false;
                 let m = &s1[src].memo;
                 let at_len = s1[src].at.len();
                 if m.valid && keep >= at_len && at_len == bt.len() && pre + m.bytes.len() <= limit {
@@ -773,6 +837,7 @@ mod tests {
                     long_from_memory += (at_len > 256) as usize;
                 }
                 over_scan += (bt.len() > SCAN_MAX) as usize;
+                long_again += (keep >= at_len && at_len == bt.len() && at_len > 256) as usize;
                 let mut miss1 = Vec::new();
                 let mut miss2 = Vec::new();
                 let r1 = s1[src].encode(
@@ -826,6 +891,10 @@ mod tests {
             "{long_from_memory} encodings of more than 256 frames from memory"
         );
         assert!(over_scan > 100, "{over_scan} encodings of tangled paths");
+        assert!(
+            long_again > 1000,
+            "{long_again} paths of more than 256 frames again"
+        );
     }
 
     #[test]
