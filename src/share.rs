@@ -825,6 +825,9 @@ mod tests {
                 let limit = match r.below(6) {
                     0 => pre + r.below(12) as usize,
                     1 => pre + r.below(80) as usize,
+                    // (around where the last hit of a long path repeated starts)
+                    2 => (pre + 3 * (bt.len().div_ceil(256).max(1) - 1) + r.below(5) as usize)
+                        .saturating_sub(2),
                     _ => LIMIT,
                 };
                 ids[src] += 1;
