@@ -194,9 +194,28 @@ impl Share {
     /// The positions in entry `x` among the 64 from `64 * w`, as bits.
     #[inline(always)]
     fn in_entry(&self, x: usize, w: usize) -> u64 {
+        const LOW: u64 = 0x7fff_7fff_7fff_7fff;
+        let lo = w << 6;
+        let part = &self.at[lo.min(self.at.len())..self.at.len().min(lo + 64)];
+        let x = (x as u64 & 0xffff) * 0x0001_0001_0001_0001;
         let mut m = 0u64;
-        for (k, &a) in self.at.iter().skip(w << 6).take(64).enumerate() {
-            m |= ((a as usize == x) as u64) << k;
+        // four positions at a time, as the lanes of a u64: a lane of `v` is 0 where the
+        // position is in `x`; its top bit, set where it is not, is exact per lane (no
+        // carry crosses lanes), and one multiplication gathers the four bits (from bits 0,
+        // 16, 32 and 48 to 48-51; no other product reaches those)
+        let mut quads = part.chunks_exact(4);
+        for (q, c) in quads.by_ref().enumerate() {
+            let v =
+                (c[0] as u64 | (c[1] as u64) << 16 | (c[2] as u64) << 32 | (c[3] as u64) << 48) ^ x;
+            let zero = !(((v & LOW) + LOW) | v) & !LOW;
+            let bits = ((zero >> 15)
+                .wrapping_mul(0x0001_0000_0000_0000 | 1 << 33 | 1 << 18 | 1 << 3))
+                >> 48;
+            m |= (bits & 0xf) << (4 * q);
+        }
+        let done = part.len() & !3;
+        for (k, &a) in quads.remainder().iter().enumerate() {
+            m |= ((a as u64 == x & 0xffff) as u64) << (done + k);
         }
         m
     }
