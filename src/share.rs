@@ -197,7 +197,8 @@ impl Share {
         const LOW: u64 = 0x7fff_7fff_7fff_7fff;
         let lo = w << 6;
         let part = &self.at[lo.min(self.at.len())..self.at.len().min(lo + 64)];
-        let x = (x as u64 & 0xffff) * 0x0001_0001_0001_0001;
+        let one = x as u64 & 0xffff;
+        let x = one * 0x0001_0001_0001_0001;
         let mut m = 0u64;
         // four positions at a time, as the lanes of a u64: a lane of `v` is 0 where the
         // position is in `x`; its top bit, set where it is not, is exact per lane (no
@@ -215,7 +216,7 @@ impl Share {
         }
         let done = part.len() & !3;
         for (k, &a) in quads.remainder().iter().enumerate() {
-            m |= ((a as u64 == x & 0xffff) as u64) << (done + k);
+            m |= ((a as u64 == one) as u64) << (done + k);
         }
         m
     }
