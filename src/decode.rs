@@ -411,19 +411,20 @@ impl Decoder {
                     ..Default::default()
                 };
             }
-            waiting.get_or_insert_with(std::time::Instant::now);
-            if !self.shared.in_share[i] {
-                drop(g);
-                if let Some(b) = self.fill_here(i) {
-                    self.waited_since(waiting);
-                    // (the decoding thread may be waiting for this stream to end)
-                    self.poke(w);
-                    return b;
-                }
-                g = q.q.lock().unwrap_or_else(|e| e.into_inner());
-                if !g.ready.is_empty() {
-                    continue;
-                }
+            let since = *waiting.get_or_insert_with(std::time::Instant::now);
+            drop(g);
+            let now = std::time::Instant::now();
+            if let Some(b) = self.fill_here(i) {
+                // (filling is not waiting: the balance of a share's encoding counts only the
+                // time this thread had nothing to do)
+                self.count_waited(now - since);
+                // (the decoding thread may be waiting for this stream to end)
+                self.poke(w);
+                return b;
+            }
+            g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+            if !g.ready.is_empty() {
+                continue;
             }
             self.poke(w);
             g.waiting = true;
@@ -438,13 +439,20 @@ impl Decoder {
     /// Count the time the merging thread waited for a batch, if it did.
     fn waited_since(&self, since: Option<std::time::Instant>) {
         if let Some(t) = since {
-            let ns = t.elapsed().as_nanos() as u64;
-            self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
+            self.count_waited(t.elapsed());
         }
+    }
+
+    fn count_waited(&self, d: Duration) {
+        let ns = d.as_nanos() as u64;
+        self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Stream `i`'s next batch, filled by this thread, if its decoding thread is not
     /// filling it right now (and has opened it): from its queue if one came in meanwhile.
+    /// A stream in a share is encoded as its decoding thread would, with the encoder it
+    /// holds for it (none while this thread encodes the stream), unless that encoder is
+    /// still on its way back from this thread.
     fn fill_here(&self, i: usize) -> Option<Batch> {
         let sh = &*self.shared;
         // (not from a stream whose decoding thread panicked while filling it)
@@ -457,12 +465,13 @@ impl Decoder {
             return Some(b);
         }
         drop(g);
-        if s.done {
+        if s.done || !s.may_fill(sh) {
             return None;
         }
+        let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.fetch_add(1, Ordering::Relaxed);
-        Some(fill_next(sh, s))
+        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1 + b.encoded as u64)));
+        Some(b)
     }
 
     /// The merging thread is done with a batch (before it gives an encoder back and waits
@@ -680,9 +689,13 @@ impl DecState {
     }
 }
 
-/// (Tests) batches the merging thread filled itself.
 #[cfg(test)]
-pub(crate) static FILLED_HERE: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// (Tests) batches this thread filled as the merging thread, and how many of them it
+    /// encoded in a share.
+    pub(crate) static FILLED_HERE: std::cell::Cell<(u64, u64)> =
+        const { std::cell::Cell::new((0, 0)) };
+}
 
 /// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
 fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {

@@ -1556,19 +1556,22 @@ mod tests {
     }
 
     /// When the decoding thread is slow (here it pauses after every batch), the merging
-    /// thread fills the batches it would wait for itself, from the same readers: the bytes
-    /// are those of a merge that never does (several decoding threads, nobody waits long).
+    /// thread fills the batches it would wait for itself, from the same readers (and, for
+    /// streams encoded ahead, with the same encoders): the bytes are those of a merge that
+    /// never does (several decoding threads, nobody waits long).
     #[test]
     fn batches_the_merging_thread_fills_itself_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let mut set = fork(&["parent", "child-1", "child-2", "child-3", "child-4"]);
         set.push(data("v3/multidomain.ctf"));
-        for format in [2, 3] {
+        // (format 3 keeps each input in a domain of its own: no shares to encode ahead in)
+        for (format, ahead) in [(2, false), (3, false), (2, true)] {
             let run = |threads: usize, pause: Duration| {
                 let out = dir.path().join("out.ctf");
                 let opts = MergeOptions {
                     decode_threads: Some(threads),
                     format: Some(format),
+                    encode_ahead: Some(ahead),
                     progress: false,
                     ..Default::default()
                 };
@@ -1577,19 +1580,25 @@ mod tests {
                     ..Hooks::default()
                 };
                 let r = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).unwrap();
-                assert!(!r.encoded_ahead);
+                assert_eq!(r.encoded_ahead, ahead);
                 std::fs::read(&out).unwrap()
             };
             let want = run(3, Duration::ZERO);
-            let before = crate::decode::FILLED_HERE.load(std::sync::atomic::Ordering::Relaxed);
+            let before = crate::decode::FILLED_HERE.get();
             let got = run(1, Duration::from_micros(300));
-            let filled =
-                crate::decode::FILLED_HERE.load(std::sync::atomic::Ordering::Relaxed) - before;
+            let after = crate::decode::FILLED_HERE.get();
+            let (filled, encoded) = (after.0 - before.0, after.1 - before.1);
             assert!(
                 filled >= 20,
                 "format {format}: only {filled} batches filled here"
             );
-            assert!(got == want, "format {format}: other bytes");
+            if ahead {
+                assert!(
+                    encoded >= 20,
+                    "only {encoded} batches encoded ahead here, of {filled} filled"
+                );
+            }
+            assert!(got == want, "format {format}, ahead {ahead}: other bytes");
         }
     }
 }
