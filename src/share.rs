@@ -373,56 +373,54 @@ impl Share {
         let mut ncodes = 0usize;
         let mut predictor = 0usize;
         while pos < n && b.len() <= limit {
+            if pos == self.at.len() {
+                // past the path: the rest of the frames are appended to it
+                let (end, codes, missing) = self.append(
+                    cache,
+                    date,
+                    next,
+                    b,
+                    alloc_id,
+                    frames,
+                    hints,
+                    pos,
+                    predictor,
+                    limit,
+                    &mut on_miss,
+                );
+                missed |= missing;
+                pos = end;
+                ncodes += codes;
+                break;
+            }
+            // a position of the path, replayed: where the frame is is its entry in the
+            // path, the entry here of its entry in the input, or one of its candidates
             let code = frames[pos].0;
-            let replay = pos < self.at.len();
-            // where the frame is: its entry in the path, the entry here of its entry in
-            // the input, or one of its two candidates (code 0 is in every entry never
-            // filled, which the reader does not know: it is never looked up)
-            let mut e = if replay { self.at[pos] as usize & M } else { 0 };
+            let mut e = self.at[pos] as usize & M;
             if e == 0 || cache[e] != code {
                 e = hint(pos).map_or(0, |i| self.xlat[i] as usize & M);
                 if e == 0 || cache[e] != code {
-                    let (h1, h2) = self.candidates(code);
-                    e = if code != 0 && cache[h1] == code {
-                        h1
-                    } else if code != 0 && cache[h2] == code {
-                        h2
-                    } else {
-                        on_miss(pos, b.len() + 2);
+                    let found =
+                        self.find_or_send(cache, date, next, b, alloc_id, code, predictor, pos);
+                    e = found.unwrap_or_else(|e| e);
+                    if let Some(i) = hint(pos) {
+                        self.xlat[i] = e as u16;
+                    }
+                    if found.is_err() {
+                        on_miss(pos, b.len() - 8);
                         missed = true;
-                        let e = if date[h1] < date[h2] { h1 } else { h2 };
-                        self.overwrite(e);
-                        cache[e] = code;
-                        date[e] = alloc_id;
-                        if let Some(i) = hint(pos) {
-                            self.xlat[i] = e as u16;
-                        }
-                        self.repoint(next, predictor, e, pos);
-                        b.u16(((e << 2) | 3) as u16);
-                        b.u64(code);
-                        if replay {
-                            self.replace(pos, e);
-                        } else {
-                            self.push(e);
-                        }
+                        self.replace(pos, e);
                         predictor = e;
                         pos += 1;
                         ncodes += 1;
                         continue;
-                    };
-                }
-                if let Some(i) = hint(pos) {
-                    self.xlat[i] = e as u16;
+                    }
                 }
             }
             let hit = e;
             date[hit] = alloc_id;
             self.repoint(next, predictor, hit, pos);
-            if replay {
-                self.replace(pos, hit);
-            } else {
-                self.push(hit);
-            }
+            self.replace(pos, hit);
             predictor = hit;
             pos += 1;
             ncodes += 1;
@@ -447,28 +445,10 @@ impl Share {
                 predictor = e;
                 pos += 1;
             }
-            // then beyond it, each predicted frame appended to it (where the frame's entry
-            // in the input gives the entry here, the loads need not wait for each other)
+            // then beyond it, each predicted frame appended to it
             if pos == self.at.len() {
-                while pos < end {
-                    let code = frames[pos].0;
-                    let h = hint(pos).map_or(0, |i| self.xlat[i] as usize & M);
-                    let e = if (next[predictor] as usize == h) & (cache[h] == code) & (h != 0) {
-                        h
-                    } else {
-                        let e = next[predictor] as usize & M;
-                        if e == 0 || cache[e] != code {
-                            break;
-                        }
-                        if let Some(i) = hint(pos) {
-                            self.xlat[i] = e as u16;
-                        }
-                        e
-                    };
-                    self.push(e);
-                    predictor = e;
-                    pos += 1;
-                }
+                (pos, predictor, _) =
+                    self.append_predicted(cache, next, frames, hints, pos, end, predictor);
             }
             CacheWriter::put_hit(b, hit, pos - start);
         }
@@ -492,6 +472,153 @@ impl Share {
             self.remember(&b.bytes()[b0..], ncodes);
         }
         (ncodes, pos)
+    }
+
+    /// The entry of the frame at `p` in the input's cache (CACHE_SIZE if not known), and
+    /// the entry here of the frame last seen in that entry (0 if none).
+    #[inline(always)]
+    fn look(&self, hints: &[u16], p: usize) -> (usize, usize) {
+        match hints.get(p) {
+            Some(&i) => (i as usize & M, self.xlat[i as usize & M] as usize & M),
+            None => (CACHE_SIZE, 0),
+        }
+    }
+
+    /// Append to the path the frames from `pos` to `end` (at most) that `predictor`'s entry
+    /// and those after it predict: (where it stopped, the last entry, [`Share::look`] at
+    /// where it stopped). Where the frame's entry in the input gives the entry here, the
+    /// loads need not wait for each other.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn append_predicted(
+        &mut self,
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+        frames: &[LocationCode],
+        hints: &[u16],
+        mut pos: usize,
+        end: usize,
+        mut predictor: usize,
+    ) -> (usize, usize, (usize, usize)) {
+        while pos < end {
+            let code = frames[pos].0;
+            let (i, h) = self.look(hints, pos);
+            let p = next[predictor] as usize & M;
+            let e = if (p == h) & (cache[h] == code) & (h != 0) {
+                h
+            } else {
+                if p == 0 || cache[p] != code {
+                    return (pos, predictor, (i, h));
+                }
+                if i < CACHE_SIZE {
+                    self.xlat[i] = p as u16;
+                }
+                p
+            };
+            self.push(e);
+            predictor = e;
+            pos += 1;
+        }
+        (pos, predictor, self.look(hints, pos))
+    }
+
+    /// The entry of `code` at position `pos` (after `predictor`'s) when one of its two
+    /// candidates holds it; else (Err) the one it is put in, the one used less lately (the
+    /// positions in it doubted), which `predictor` now predicts, and the miss codeword
+    /// that says so, written to `b`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn find_or_send(
+        &mut self,
+        cache: &mut [u64; CACHE_SIZE],
+        date: &mut [i64; CACHE_SIZE],
+        next: &mut [u16; CACHE_SIZE],
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        code: u64,
+        predictor: usize,
+        pos: usize,
+    ) -> Result<usize, usize> {
+        // (code 0 is in every entry never filled, which the reader does not know: it is
+        // never looked up)
+        let (h1, h2) = self.candidates(code);
+        if code != 0 && cache[h1] == code {
+            return Ok(h1);
+        }
+        if code != 0 && cache[h2] == code {
+            return Ok(h2);
+        }
+        let e = if date[h1] < date[h2] { h1 } else { h2 };
+        self.overwrite(e);
+        cache[e] = code;
+        date[e] = alloc_id;
+        self.repoint(next, predictor, e, pos);
+        b.u16(((e << 2) | 3) as u16);
+        b.u64(code);
+        Err(e)
+    }
+
+    /// [`Share::encode`] from `pos` (after `predictor`), the end of the path: each frame is
+    /// appended to it. Returns (where it stopped, codewords written, whether any was a
+    /// miss).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn append(
+        &mut self,
+        cache: &mut [u64; CACHE_SIZE],
+        date: &mut [i64; CACHE_SIZE],
+        next: &mut [u16; CACHE_SIZE],
+        b: &mut WriteBuf,
+        alloc_id: i64,
+        frames: &[LocationCode],
+        hints: &[u16],
+        mut pos: usize,
+        mut predictor: usize,
+        limit: usize,
+        on_miss: &mut impl FnMut(usize, usize),
+    ) -> (usize, usize, bool) {
+        let n = frames.len();
+        let (mut ncodes, mut missed) = (0usize, false);
+        self.at.reserve(n - pos);
+        self.doubt
+            .reserve(n.div_ceil(64).saturating_sub(self.doubt.len()));
+        // (a run of predictions that stops at a frame has looked it up already)
+        let mut looked = self.look(hints, pos);
+        while pos < n && b.len() <= limit {
+            let code = frames[pos].0;
+            let (i, mut e) = looked;
+            if e == 0 || cache[e] != code {
+                let found = self.find_or_send(cache, date, next, b, alloc_id, code, predictor, pos);
+                e = found.unwrap_or_else(|e| e);
+                if i < CACHE_SIZE {
+                    self.xlat[i] = e as u16;
+                }
+                if found.is_err() {
+                    on_miss(pos, b.len() - 8);
+                    missed = true;
+                    self.push(e);
+                    predictor = e;
+                    pos += 1;
+                    ncodes += 1;
+                    looked = self.look(hints, pos);
+                    continue;
+                }
+            }
+            let hit = e;
+            date[hit] = alloc_id;
+            self.repoint(next, predictor, hit, pos);
+            self.push(hit);
+            predictor = hit;
+            pos += 1;
+            ncodes += 1;
+            // the run of predicted frames after the hit (at most 255)
+            let start = pos;
+            let end = n.min(pos + 255);
+            (pos, predictor, looked) =
+                self.append_predicted(cache, next, frames, hints, pos, end, predictor);
+            CacheWriter::put_hit(b, hit, pos - start);
+        }
+        (pos, ncodes, missed)
     }
 
     /// The codewords of a path of more than 256 positions known good: a hit at every
