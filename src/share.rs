@@ -368,7 +368,6 @@ impl Share {
             m.next.extend(self.at.iter().map(|&e| next[e as usize & M]));
         }
         let mut missed = false;
-        let hint = |p: usize| hints.get(p).map(|&i| i as usize & M);
         let mut pos = 0;
         let mut ncodes = 0usize;
         let mut predictor = 0usize;
@@ -398,12 +397,13 @@ impl Share {
             let code = frames[pos].0;
             let mut e = self.at[pos] as usize & M;
             if e == 0 || cache[e] != code {
-                e = hint(pos).map_or(0, |i| self.xlat[i] as usize & M);
+                let i;
+                (i, e) = self.look(hints, pos);
                 if e == 0 || cache[e] != code {
                     let found =
                         self.find_or_send(cache, date, next, b, alloc_id, code, predictor, pos);
                     e = found.unwrap_or_else(|e| e);
-                    if let Some(i) = hint(pos) {
+                    if i < CACHE_SIZE {
                         self.xlat[i] = e as u16;
                     }
                     if found.is_err() {
@@ -579,9 +579,6 @@ impl Share {
     ) -> (usize, usize, bool) {
         let n = frames.len();
         let (mut ncodes, mut missed) = (0usize, false);
-        self.at.reserve(n - pos);
-        self.doubt
-            .reserve(n.div_ceil(64).saturating_sub(self.doubt.len()));
         // (a run of predictions that stops at a frame has looked it up already)
         let mut looked = self.look(hints, pos);
         while pos < n && b.len() <= limit {
