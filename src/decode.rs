@@ -259,8 +259,8 @@ struct Shared {
     decoder_slept: AtomicU64,
     /// Per stream: its decoding state, once its decoding thread has opened it. Whoever
     /// holds the lock fills the stream's next batch (and queues it before letting go);
-    /// the merging thread fills one itself rather than wait for it (streams not in a
-    /// share), when the decoding thread is not filling that stream.
+    /// the merging thread fills one itself rather than wait for it, when the decoding
+    /// thread is not filling that stream (and another stream's, when it is).
     states: Vec<Mutex<Option<DecState>>>,
     /// Events a batch holds (fewer with many streams).
     batch_events: usize,
@@ -275,6 +275,9 @@ pub(crate) struct Hooks {
     pub pause: Duration,
     /// Panic instead of filling a stream's batch of this place in its stream.
     pub panic_at: Option<u64>,
+    /// Hold a stream this long before filling each batch of it: the merging thread,
+    /// finding the stream it needs being filled, fills other streams' batches ahead.
+    pub hold: Duration,
 }
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
@@ -422,6 +425,13 @@ impl Decoder {
                 self.poke(w);
                 return b;
             }
+            if self.fill_ahead(i) {
+                // (nor is filling another stream's batch)
+                self.count_waited(now - since);
+                waiting = Some(std::time::Instant::now());
+                g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
             g = q.q.lock().unwrap_or_else(|e| e.into_inner());
             if !g.ready.is_empty() {
                 continue;
@@ -470,8 +480,50 @@ impl Decoder {
         }
         let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1 + b.encoded as u64)));
+        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1 + b.encoded as u64, n.get().2)));
         Some(b)
+    }
+
+    /// While stream `i` is being filled by its decoding thread: fill the next batch of
+    /// the stream (other than `i`) with the fewest queued, and queue it, as its decoding
+    /// thread would, so that the merging thread works rather than wait (false: none could
+    /// be filled).
+    fn fill_ahead(&self, i: usize) -> bool {
+        let sh = &*self.shared;
+        let mut best = None;
+        let mut fewest = DEPTH;
+        for (j, q) in sh.queues.iter().enumerate() {
+            let n = q.queued.load(Ordering::Relaxed);
+            if j == i || n >= fewest {
+                continue;
+            }
+            // (not a stream whose decoding thread panicked while filling it)
+            let Ok(mut st) = sh.states[j].try_lock() else {
+                continue;
+            };
+            if st.as_mut().is_some_and(|s| !s.done && s.may_fill(sh)) {
+                fewest = n;
+                best = Some((j, st));
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        let Some((j, mut st)) = best else {
+            return false;
+        };
+        let Some(s) = st.as_mut() else {
+            return false;
+        };
+        let b = fill_next(sh, s);
+        #[cfg(test)]
+        FILLED_HERE.with(|n| n.set((n.get().0, n.get().1, n.get().2 + 1)));
+        // queued before the lock is let go: batches stay in order
+        let q = &sh.queues[j];
+        let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
+        g.ready.push_back(b);
+        q.queued.store(g.ready.len(), Ordering::Relaxed);
+        true
     }
 
     /// The merging thread is done with a batch (before it gives an encoder back and waits
@@ -691,10 +743,10 @@ impl DecState {
 
 #[cfg(test)]
 thread_local! {
-    /// (Tests) batches this thread filled as the merging thread, and how many of them it
-    /// encoded in a share.
-    pub(crate) static FILLED_HERE: std::cell::Cell<(u64, u64)> =
-        const { std::cell::Cell::new((0, 0)) };
+    /// (Tests) batches this thread filled as the merging thread: of the stream it needed
+    /// (and how many of them it encoded in a share), and of other streams, ahead.
+    pub(crate) static FILLED_HERE: std::cell::Cell<(u64, u64, u64)> =
+        const { std::cell::Cell::new((0, 0, 0)) };
 }
 
 /// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
@@ -822,6 +874,9 @@ fn decode_all(
                 }
                 if sh.hooks.panic_at == Some(s.seq) {
                     panic!("injected panic before batch {} (test)", s.seq);
+                }
+                if !sh.hooks.hold.is_zero() {
+                    std::thread::sleep(sh.hooks.hold);
                 }
                 let b = fill_next(sh, s);
                 // queued before the lock is let go: batches stay in order

@@ -1557,8 +1557,10 @@ mod tests {
 
     /// When the decoding thread is slow (here it pauses after every batch), the merging
     /// thread fills the batches it would wait for itself, from the same readers (and, for
-    /// streams encoded ahead, with the same encoders): the bytes are those of a merge that
-    /// never does (several decoding threads, nobody waits long).
+    /// streams encoded ahead, with the same encoders); when the stream it needs is being
+    /// filled (here held a while before each batch), it fills other streams' batches
+    /// ahead. The bytes are those of a merge that never does either (several decoding
+    /// threads, nobody waits long).
     #[test]
     fn batches_the_merging_thread_fills_itself_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -1566,7 +1568,7 @@ mod tests {
         set.push(data("v3/multidomain.ctf"));
         // (format 3 keeps each input in a domain of its own: no shares to encode ahead in)
         for (format, ahead) in [(2, false), (3, false), (2, true)] {
-            let run = |threads: usize, pause: Duration| {
+            let run = |threads: usize, hooks: Hooks| {
                 let out = dir.path().join("out.ctf");
                 let opts = MergeOptions {
                     decode_threads: Some(threads),
@@ -1575,30 +1577,48 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let hooks = Hooks {
-                    pause,
-                    ..Hooks::default()
-                };
                 let r = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).unwrap();
                 assert_eq!(r.encoded_ahead, ahead);
                 std::fs::read(&out).unwrap()
             };
-            let want = run(3, Duration::ZERO);
-            let before = crate::decode::FILLED_HERE.get();
-            let got = run(1, Duration::from_micros(300));
-            let after = crate::decode::FILLED_HERE.get();
-            let (filled, encoded) = (after.0 - before.0, after.1 - before.1);
-            assert!(
-                filled >= 20,
-                "format {format}: only {filled} batches filled here"
-            );
-            if ahead {
+            let want = run(3, Hooks::default());
+            // The decoding thread pausing between batches: the merging thread fills the
+            // batches it needs; holding each stream before it fills it: the merging thread
+            // finds the stream it needs being filled, and fills other streams' ahead.
+            let pause = Hooks {
+                pause: Duration::from_micros(300),
+                ..Hooks::default()
+            };
+            let hold = Hooks {
+                hold: Duration::from_micros(300),
+                ..Hooks::default()
+            };
+            for (what, hooks) in [("pausing", pause), ("holding", hold)] {
+                let before = crate::decode::FILLED_HERE.get();
+                let got = run(1, hooks);
+                let after = crate::decode::FILLED_HERE.get();
+                let (filled, encoded, filled_ahead) =
+                    (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+                let (here, done) = if hooks.hold.is_zero() {
+                    ("filled", filled)
+                } else {
+                    ("filled ahead", filled_ahead)
+                };
                 assert!(
-                    encoded >= 20,
-                    "only {encoded} batches encoded ahead here, of {filled} filled"
+                    done >= 20,
+                    "format {format}, {what}: only {done} batches {here} by the merging thread"
+                );
+                if ahead && hooks.hold.is_zero() {
+                    assert!(
+                        encoded >= 20,
+                        "only {encoded} batches encoded ahead here, of {filled} filled"
+                    );
+                }
+                assert!(
+                    got == want,
+                    "format {format}, ahead {ahead}, {what}: other bytes"
                 );
             }
-            assert!(got == want, "format {format}, ahead {ahead}: other bytes");
         }
     }
 }
