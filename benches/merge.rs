@@ -12,7 +12,9 @@
 //! Ratios are against the OCaml merge: the times given to the project (0.9 s on fork/,
 //! 33 s on its 100 MB set), and, when `MEMTRACE_OCAML_MERGE` names a build of the
 //! corrected OCaml merge (`benches/_ocaml/`, built against the memtrace library, which this
-//! repository does not hold), against that program timed in the same run on the same files.
+//! repository does not hold), against that program timed in the same run on the same files,
+//! in turns with ours (on fork/, 5 rounds of 3 runs of ours and one of it; on a big set, once
+//! between 4 runs of ours and 3 more), so that a drift of this machine's speed meets both.
 //! That program holds every event in memory (~5 GB for the synthetic set), so its time
 //! depends on the memory free, which is printed beside it.
 //!
@@ -256,29 +258,66 @@ fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
     (secs, rss)
 }
 
-/// Times of `n` runs after one untimed run (which brings the inputs into the page cache,
-/// as they are for the runs after it): (median, best) seconds, and the largest peak RSS.
+/// Times of runs after one untimed run (which brings the inputs into the page cache, as
+/// they are for the runs after it): (median, best) seconds, and the largest peak RSS.
 struct Timed {
     median: f64,
     best: f64,
     rss: Option<u64>,
 }
 
-fn timed(n: usize, mut run: impl FnMut() -> (f64, Option<u64>)) -> Timed {
-    let mut times = Vec::new();
-    let mut rss = None;
-    run();
-    for _ in 0..n {
-        let (s, r) = run();
-        times.push(s);
-        rss = rss.max(r);
+/// The runs of one program, gathered for [`Timed`].
+#[derive(Default)]
+struct Samples {
+    times: Vec<f64>,
+    rss: Option<u64>,
+}
+
+impl Samples {
+    fn add(&mut self, (secs, rss): (f64, Option<u64>)) {
+        self.times.push(secs);
+        self.rss = self.rss.max(rss);
     }
-    times.sort_by(f64::total_cmp);
-    Timed {
-        median: times[times.len() / 2],
-        best: times[0],
-        rss,
+
+    fn timed(mut self) -> Timed {
+        self.times.sort_by(f64::total_cmp);
+        Timed {
+            median: self.times[self.times.len() / 2],
+            best: self.times[0],
+            rss: self.rss,
+        }
     }
+}
+
+/// Our merge and, when given, the OCaml one, timed in turns so that both meet the same
+/// phases of this machine (its speed drifts by up to 50% over minutes): an untimed run of
+/// ours (and of the OCaml merge if `warm_theirs`), then `rounds` times `ours_per_round`
+/// runs of ours and one of the OCaml merge, then `ours_after` more of ours.
+fn timed_in_turns(
+    warm_theirs: bool,
+    rounds: usize,
+    ours_per_round: usize,
+    ours_after: usize,
+    mut ours: impl FnMut() -> (f64, Option<u64>),
+    mut theirs: Option<impl FnMut() -> (f64, Option<u64>)>,
+) -> (Timed, Option<Timed>) {
+    let (mut a, mut b) = (Samples::default(), Samples::default());
+    ours();
+    if let Some(t) = theirs.as_mut().filter(|_| warm_theirs) {
+        t();
+    }
+    for _ in 0..rounds {
+        for _ in 0..ours_per_round {
+            a.add(ours());
+        }
+        if let Some(t) = theirs.as_mut() {
+            b.add(t());
+        }
+    }
+    for _ in 0..ours_after {
+        a.add(ours());
+    }
+    (a.timed(), theirs.map(|_| b.timed()))
 }
 
 /// The corrected OCaml merge, when a build of it is named by `MEMTRACE_OCAML_MERGE`.
@@ -352,11 +391,17 @@ fn main() {
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum();
     let ocaml = ocaml_merge();
-    let t = timed(15, || run_merge(&fork, &out));
+    // (15 runs of ours, 5 of the OCaml merge, in turns)
+    let (t, base) = timed_in_turns(
+        true,
+        5,
+        3,
+        0,
+        || run_merge(&fork, &out),
+        ocaml.as_deref().map(|exe| || run_ocaml(exe, &fork, &out)),
+    );
+    let base = base.map(|b| b.median);
     let ev = events_of(&fork);
-    let base = ocaml
-        .as_deref()
-        .map(|exe| timed(5, || run_ocaml(exe, &fork, &out)).median);
     println!(
         "fork/ (5 files, {:.1} MB, {} events): median {:.1} ms (best {:.1}), {:.1} M events/s, peak RSS {} MB; {} (target 20x, under 50 MB)",
         bytes as f64 / 1e6,
@@ -390,14 +435,22 @@ fn main() {
         let (set, bytes) = make_set(&data.join(name), scale, length, shape);
         let gen = t0.elapsed().as_secs_f64();
         let ev = events_of(&set);
-        let t = timed(7, || run_merge(&set, &out));
+        // (the OCaml merge holds every event in memory: timed once, between 4 runs of ours
+        // and 3 more, on the sets of the first length only)
+        let (t, base) = timed_in_turns(
+            false,
+            1,
+            4,
+            3,
+            || run_merge(&set, &out),
+            ocaml
+                .as_deref()
+                .filter(|_| length == 1)
+                .map(|exe| || run_ocaml(exe, &set, &out)),
+        );
+        let base = base.map(|b| b.median);
         let s = t.median;
         let rss = t.rss;
-        // (the OCaml merge holds every event in memory: timed once, on the first set only)
-        let base = ocaml
-            .as_deref()
-            .filter(|_| length == 1)
-            .map(|exe| run_ocaml(exe, &set, &out).0);
         println!(
             "synthetic x{length}{what} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
             bytes as f64 / 1e6,
