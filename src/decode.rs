@@ -273,7 +273,8 @@ pub(crate) struct Hooks {
     /// Pause this long after each batch: the merging thread then fills most batches
     /// itself.
     pub pause: Duration,
-    /// Panic instead of filling a stream's batch of this place in its stream.
+    /// Panic instead of filling a stream's batch of this place in its stream or a later one
+    /// (the merging thread may have filled that one itself).
     pub panic_at: Option<u64>,
     /// Hold a stream this long before filling each batch of it: the merging thread,
     /// finding the stream it needs being filled, fills other streams' batches ahead.
@@ -872,7 +873,7 @@ fn decode_all(
                 if !s.may_fill(sh) {
                     continue;
                 }
-                if sh.hooks.panic_at == Some(s.seq) {
+                if sh.hooks.panic_at.is_some_and(|at| s.seq >= at) {
                     panic!("injected panic before batch {} (test)", s.seq);
                 }
                 if !sh.hooks.hold.is_zero() {

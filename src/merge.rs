@@ -1547,7 +1547,7 @@ mod tests {
                 let e = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).err();
                 assert!(
                     matches!(&e, Some(Error::Internal(m))
-                        if m.contains("a decoding thread panicked: injected panic before batch 2")),
+                        if m.contains("a decoding thread panicked: injected panic before batch ")),
                     "ahead {ahead}, {threads} threads: {e:?}"
                 );
                 assert!(!out.exists());
