@@ -134,23 +134,16 @@ impl Batch {
     }
 }
 
-/// The encoder of a stream in its share of an output domain's cache ([`crate::share`]).
-/// Whoever holds it encodes the stream's next batches: a decoding thread, ahead, or the
-/// merging thread, as it merges. It changes hands between batches, through the decoder's
-/// slot for the stream, and the bytes do not depend on who encoded what: an encoding
-/// depends on the stream's own earlier backtraces only.
+/// The encoder of a stream in its share of an output domain's cache ([`crate::share`]),
+/// kept with the stream's decoding state: whichever thread fills a batch of the stream
+/// encodes it, and the bytes do not depend on which: an encoding depends on the stream's
+/// own earlier backtraces only.
 pub(crate) struct Encoder {
     pub share: Share,
     /// Its share's entries (the rest of these tables is unused).
     pub tables: CacheWriter,
     /// Allocations encoded so far (each encoding's date in the cache).
     pub allocs: i64,
-    /// The batch it encodes next.
-    pub next_batch: u64,
-    /// The stream's last backtrace (the input's codes) and the input cache entries of its
-    /// frames: what a holder that does not read the stream itself goes on from.
-    pub frames: Vec<LocationCode>,
-    pub slots: Vec<u16>,
 }
 
 impl Encoder {
@@ -159,9 +152,6 @@ impl Encoder {
             share: Share::new(of),
             tables: CacheWriter::default(),
             allocs: 0,
-            next_batch: 0,
-            frames: Vec::new(),
-            slots: Vec::new(),
         }
     }
 }
@@ -175,19 +165,6 @@ pub(crate) struct StreamSpec {
     pub size: u64,
     /// Encode each backtrace whole, in this share of the output domain's cache.
     pub share: Option<ShareOf>,
-    /// The merging thread encodes it (at first: see [`Decoder::start`]).
-    pub on_main: bool,
-}
-
-/// How streams in shares change hands between the merging thread and a single decoding
-/// thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Handoff {
-    /// To whichever thread waits for the other ([`Decoder::balance`]).
-    Balanced,
-    /// (Tests) one stream's encoding changes hands every this many batches taken.
-    #[cfg_attr(not(test), allow(dead_code))]
-    Every(u64),
 }
 
 /// What the decoder learned about each input.
@@ -243,20 +220,6 @@ struct Shared {
     /// away from there (reusing it first took 9% more CPU).
     free: Mutex<VecDeque<Batch>>,
     bytes_read: AtomicU64,
-    /// Per stream in a share: its encoder while neither thread holds it.
-    encoders: Vec<Mutex<Option<Box<Encoder>>>>,
-    /// Per stream: it is in a share, and the merging thread should encode it (else its
-    /// decoding thread).
-    in_share: Vec<bool>,
-    on_main: Vec<AtomicBool>,
-    /// How `on_main` changes (with one decoding thread; None: it does not).
-    handoff: Option<Handoff>,
-    /// Batches the merging thread took.
-    taken: AtomicU64,
-    /// Nanoseconds the merging thread waited for batches, and the decoding thread slept
-    /// with nothing to do, since [`Decoder::balance`] last looked.
-    merge_waited: AtomicU64,
-    decoder_slept: AtomicU64,
     /// Per stream: its decoding state, once its decoding thread has opened it. Whoever
     /// holds the lock fills the stream's next batch (and queues it before letting go);
     /// the merging thread fills one itself rather than wait for it, when the decoding
@@ -294,12 +257,6 @@ const BATCH_FRAMES: usize = 8_192;
 /// Batches queued per stream ahead of the consumer.
 const DEPTH: usize = 4;
 
-/// Batches the merge takes between two looks at who waited for whom
-/// ([`Decoder::balance`]).
-const BALANCE_EVERY: u64 = 256;
-/// The difference in waiting that moves a stream's encoding.
-const BALANCE_MARGIN: Duration = Duration::from_millis(1);
-
 /// A decoding thread; it hands back its streams' reports, each with its input's index.
 type Worker = std::thread::JoinHandle<Vec<(usize, DecodeReport)>>;
 
@@ -325,15 +282,12 @@ fn share_out(specs: &[StreamSpec], n: usize) -> Vec<usize> {
 }
 
 impl Decoder {
-    /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads. Streams
-    /// in a share are encoded by the merging thread or ahead, as their spec says at first;
-    /// with one decoding thread, streams then move to whichever thread waits for the other
-    /// (see [`Decoder::balance`]).
+    /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads, those
+    /// in a share encoded ahead as they are decoded.
     pub fn start(
         streams: Vec<StreamSpec>,
         ninputs: usize,
         threads: usize,
-        handoff: Handoff,
         hooks: Hooks,
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
@@ -351,20 +305,6 @@ impl Decoder {
             abort: AtomicBool::new(false),
             free: Mutex::new(VecDeque::new()),
             bytes_read: AtomicU64::new(0),
-            encoders: streams
-                .iter()
-                .map(|s| Mutex::new(s.share.map(|of| Box::new(Encoder::new(of)))))
-                .collect(),
-            in_share: streams.iter().map(|s| s.share.is_some()).collect(),
-            on_main: streams
-                .iter()
-                .map(|s| AtomicBool::new(s.share.is_some() && s.on_main))
-                .collect(),
-            handoff: (n == 1 && streams.iter().filter(|s| s.share.is_some()).count() > 1)
-                .then_some(handoff),
-            taken: AtomicU64::new(0),
-            merge_waited: AtomicU64::new(0),
-            decoder_slept: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
             batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
             hooks,
@@ -393,13 +333,11 @@ impl Decoder {
         let q = &self.shared.queues[i];
         let w = self.shared.owner[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
-        let mut waiting: Option<std::time::Instant> = None;
         loop {
             if let Some(b) = g.ready.pop_front() {
                 let left = g.ready.len();
                 q.queued.store(left, Ordering::Relaxed);
                 drop(g);
-                self.waited_since(waiting);
                 // The worker sleeps when every queue of its is full; wake it once this one
                 // is half empty, so that it fills several batches a time it wakes (waiting
                 // on an empty queue wakes it too, below).
@@ -415,21 +353,13 @@ impl Decoder {
                     ..Default::default()
                 };
             }
-            let since = *waiting.get_or_insert_with(std::time::Instant::now);
             drop(g);
-            let now = std::time::Instant::now();
             if let Some(b) = self.fill_here(i) {
-                // (filling is not waiting: the balance of a share's encoding counts only the
-                // time this thread had nothing to do)
-                self.count_waited(now - since);
                 // (the decoding thread may be waiting for this stream to end)
                 self.poke(w);
                 return b;
             }
             if self.fill_ahead(i) {
-                // (nor is filling another stream's batch)
-                self.count_waited(now - since);
-                waiting = Some(std::time::Instant::now());
                 g = q.q.lock().unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -447,23 +377,10 @@ impl Decoder {
         }
     }
 
-    /// Count the time the merging thread waited for a batch, if it did.
-    fn waited_since(&self, since: Option<std::time::Instant>) {
-        if let Some(t) = since {
-            self.count_waited(t.elapsed());
-        }
-    }
-
-    fn count_waited(&self, d: Duration) {
-        let ns = d.as_nanos() as u64;
-        self.shared.merge_waited.fetch_add(ns, Ordering::Relaxed);
-    }
-
     /// Stream `i`'s next batch, filled by this thread, if its decoding thread is not
     /// filling it right now (and has opened it): from its queue if one came in meanwhile.
-    /// A stream in a share is encoded as its decoding thread would, with the encoder it
-    /// holds for it (none while this thread encodes the stream), unless that encoder is
-    /// still on its way back from this thread.
+    /// A stream in a share is encoded as its decoding thread would, with the encoder kept
+    /// in its decoding state.
     fn fill_here(&self, i: usize) -> Option<Batch> {
         let sh = &*self.shared;
         // (not from a stream whose decoding thread panicked while filling it)
@@ -476,12 +393,12 @@ impl Decoder {
             return Some(b);
         }
         drop(g);
-        if s.done || !s.may_fill(sh) {
+        if s.done {
             return None;
         }
         let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1 + b.encoded as u64, n.get().2)));
+        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1, n.get().2 + b.encoded as u64)));
         Some(b)
     }
 
@@ -499,10 +416,10 @@ impl Decoder {
                 continue;
             }
             // (not a stream whose decoding thread panicked while filling it)
-            let Ok(mut st) = sh.states[j].try_lock() else {
+            let Ok(st) = sh.states[j].try_lock() else {
                 continue;
             };
-            if st.as_mut().is_some_and(|s| !s.done && s.may_fill(sh)) {
+            if st.as_ref().is_some_and(|s| !s.done) {
                 fewest = n;
                 best = Some((j, st));
                 if n == 0 {
@@ -518,89 +435,13 @@ impl Decoder {
         };
         let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.with(|n| n.set((n.get().0, n.get().1, n.get().2 + 1)));
+        FILLED_HERE.with(|n| n.set((n.get().0, n.get().1 + 1, n.get().2 + b.encoded as u64)));
         // queued before the lock is let go: batches stay in order
         let q = &sh.queues[j];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
         g.ready.push_back(b);
         q.queued.store(g.ready.len(), Ordering::Relaxed);
         true
-    }
-
-    /// The merging thread is done with a batch (before it gives an encoder back and waits
-    /// for the next batch, so that it never waits holding an encoder it should not).
-    pub fn tick(&self) {
-        let Some(handoff) = self.shared.handoff else {
-            return;
-        };
-        let taken = self.shared.taken.fetch_add(1, Ordering::Relaxed) + 1;
-        match handoff {
-            Handoff::Balanced if taken.is_multiple_of(BALANCE_EVERY) => self.balance(),
-            Handoff::Every(k) if taken.is_multiple_of(k.max(1)) => {
-                // the streams in shares in turn
-                let shares: Vec<usize> = (0..self.shared.in_share.len())
-                    .filter(|&i| self.shared.in_share[i])
-                    .collect();
-                let i = shares[(taken / k.max(1)) as usize % shares.len()];
-                let on = &self.shared.on_main[i];
-                on.store(!on.load(Ordering::Relaxed), Ordering::Relaxed);
-            }
-            _ => {}
-        }
-    }
-
-    /// Whether the merging thread should encode stream `i` (in a share).
-    pub fn on_main(&self, i: usize) -> bool {
-        self.shared.on_main[i].load(Ordering::Relaxed)
-    }
-
-    /// Take stream `i`'s encoder from its slot (the decoding thread left it there before
-    /// the first batch it did not encode).
-    pub fn take_encoder(&self, i: usize) -> Option<Box<Encoder>> {
-        let mut slot = self.shared.encoders[i]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        slot.take()
-    }
-
-    /// Leave stream `i`'s encoder for its decoding thread (which may be waiting for it).
-    pub fn give_back(&self, i: usize, e: Box<Encoder>) {
-        *self.shared.encoders[i]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(e);
-        self.poke(self.shared.owner[i]);
-    }
-
-    /// With one decoding thread, every [`BALANCE_EVERY`] batches: if the merging thread
-    /// waited for batches [`BALANCE_MARGIN`] longer than the decoding thread slept with
-    /// nothing to do, it takes over one more stream's encoding; the other way round, it
-    /// gives one back. (The two threads' cores often run at different speeds, and which
-    /// one is slower changes from run to run.)
-    fn balance(&self) {
-        let sh = &*self.shared;
-        let waited = sh.merge_waited.swap(0, Ordering::Relaxed);
-        let slept = sh.decoder_slept.swap(0, Ordering::Relaxed);
-        let margin = BALANCE_MARGIN.as_nanos() as u64;
-        let to_main = if waited > slept + margin {
-            true
-        } else if slept > waited + margin {
-            false
-        } else {
-            return;
-        };
-        // the first stream in a share not where it should go (to the merging thread in
-        // order, back from the last)
-        let movable =
-            |&i: &usize| sh.in_share[i] && sh.on_main[i].load(Ordering::Relaxed) != to_main;
-        let n = sh.on_main.len();
-        let pick = if to_main {
-            (0..n).find(movable)
-        } else {
-            (0..n).rev().find(movable)
-        };
-        if let Some(i) = pick {
-            sh.on_main[i].store(to_main, Ordering::Relaxed);
-        }
     }
 
     fn poke(&self, w: usize) {
@@ -680,14 +521,12 @@ impl Drop for Decoder {
 }
 
 struct DecState {
-    /// the stream's index among all streams
-    index: usize,
     reader: Option<Reader<crate::input::LazyFile>>,
     /// the stream's input, and what was learned about it reading this stream
     input: usize,
     rep: DecodeReport,
     bt_valid: bool,
-    /// Its encoder, while this thread holds it.
+    /// Its encoder (a stream in a share).
     enc: Option<Box<Encoder>>,
     /// Batches filled so far.
     seq: u64,
@@ -698,54 +537,10 @@ struct DecState {
     counted: u64,
 }
 
-impl DecState {
-    /// Whether to fill the stream's next batch now. A stream in a share coming back to this
-    /// thread waits (its batches up to then are the merging thread's to encode) until the
-    /// merging thread has encoded all it was sent and left the encoder in its slot; this
-    /// takes the encoder then, even if another stream is filled first.
-    fn may_fill(&mut self, sh: &Shared) -> bool {
-        let i = self.index;
-        if !sh.in_share[i] || self.enc.is_some() || sh.on_main[i].load(Ordering::Relaxed) {
-            return true;
-        }
-        let mut slot = sh.encoders[self.index]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_some_and(|e| e.next_batch == self.seq) {
-            self.enc = slot.take();
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Before filling a batch: leave the encoder in its slot if the merging thread should
-    /// encode the stream from this batch on, with the backtrace it goes on from.
-    fn hand_over(&mut self, sh: &Shared) {
-        if !sh.in_share[self.index] || !sh.on_main[self.index].load(Ordering::Relaxed) {
-            return;
-        }
-        if let Some(mut e) = self.enc.take() {
-            e.next_batch = self.seq;
-            let (frames, slots) = match &self.reader {
-                Some(r) if self.bt_valid => r.last_backtrace(),
-                _ => (&[][..], &[][..]),
-            };
-            e.frames.clear();
-            e.frames.extend_from_slice(frames);
-            e.slots.clear();
-            e.slots.extend_from_slice(slots);
-            *sh.encoders[self.index]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(e);
-        }
-    }
-}
-
 #[cfg(test)]
 thread_local! {
-    /// (Tests) batches this thread filled as the merging thread: of the stream it needed
-    /// (and how many of them it encoded in a share), and of other streams, ahead.
+    /// (Tests) batches this thread filled as the merging thread: of the stream it needed,
+    /// of other streams (ahead), and how many of either it encoded in a share.
     pub(crate) static FILLED_HERE: std::cell::Cell<(u64, u64, u64)> =
         const { std::cell::Cell::new((0, 0, 0)) };
 }
@@ -773,7 +568,6 @@ fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
         sh.batch_events
     };
     s.first = false;
-    s.hand_over(sh);
     b.seq = s.seq;
     s.seq += 1;
     fill(s, &mut b, n);
@@ -820,12 +614,11 @@ fn decode_all(
             }
         };
         *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(DecState {
-            index,
             reader,
             input: s.input,
             rep,
             bt_valid: false,
-            enc: None,
+            enc: s.share.map(|of| Box::new(Encoder::new(of))),
             seq: 0,
             done: false,
             first: true,
@@ -844,17 +637,17 @@ fn decode_all(
         let mut fewest = DEPTH;
         let mut all_done = true;
         for &i in &mine {
-            let Some(mut st) = try_lock(&sh.states[i]) else {
+            let Some(st) = try_lock(&sh.states[i]) else {
                 all_done = false;
                 continue;
             };
-            let Some(s) = st.as_mut() else { continue };
+            let Some(s) = st.as_ref() else { continue };
             if s.done {
                 continue;
             }
             all_done = false;
             let n = sh.queues[i].queued.load(Ordering::Relaxed);
-            if n < fewest && s.may_fill(sh) {
+            if n < fewest {
                 fewest = n;
                 pick = Some(i);
                 if n == 0 {
@@ -870,9 +663,6 @@ fn decode_all(
             let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
             // (the merging thread may have filled it meanwhile, to its end)
             if let Some(s) = st.as_mut().filter(|s| !s.done) {
-                if !s.may_fill(sh) {
-                    continue;
-                }
                 if sh.hooks.panic_at.is_some_and(|at| s.seq >= at) {
                     panic!("injected panic before batch {} (test)", s.seq);
                 }
@@ -899,15 +689,12 @@ fn decode_all(
             let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
             if !f.rung {
                 f.sleeping = true;
-                let t = std::time::Instant::now();
                 f = wake
                     .cv
                     .wait_timeout(f, Duration::from_millis(50))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
                 f.sleeping = false;
-                let ns = t.elapsed().as_nanos() as u64;
-                sh.decoder_slept.fetch_add(ns, Ordering::Relaxed);
             }
             f.rung = false;
         }

@@ -3,10 +3,7 @@
 
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::{
-    order_key, Batch, Decoder, Encoder, Ev, Handoff, Hooks, StreamSpec, Timed, ENCODING_ROOM,
-    MANY_SAMPLES,
-};
+use crate::decode::{order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -131,10 +128,9 @@ pub struct MergeOptions {
     /// one, at most four). The output does not depend on it.
     pub decode_threads: Option<usize>,
     /// Encode the backtraces of streams that take turns in one output domain ahead, each
-    /// whole in its own share of the domain's cache (see [`crate::share`]), on the
-    /// decoding threads (with a single one, every other stream on the merging thread at
-    /// first, the same way; streams then move to whichever thread waits for the other),
-    /// rather than each after the previous allocation of the domain on the
+    /// whole in its own share of the domain's cache (see [`crate::share`]), as they are
+    /// decoded (by the decoding threads, or by the merging thread rather than wait for
+    /// them), rather than each after the previous allocation of the domain on the
     /// merging thread. None: when that pays (backtraces that repeat much of the stream's
     /// previous one); never for thinned inputs, with `tag_processes`, or beyond 16 streams
     /// a domain. The output is valid either way, but not the same bytes. Encoding ahead, a
@@ -347,16 +343,12 @@ struct Stream {
     loc_pos: usize,
     /// index of `out_domain` among the output domains
     out_slot: usize,
-    /// It is encoded in a share of its output domain's cache: its batches come encoded (in
-    /// the batch's `enc`, read from `enc_pos`, with the codes sent whole from `miss_pos` in
-    /// its `misses`), or this thread encodes them, the same way, holding `enc` (its
-    /// backtrace is then kept in the input's codes).
-    in_share: bool,
+    /// (a stream in a share of its output domain's cache, whose batches come encoded) the
+    /// batch's next encoding in its `enc`, and its next code sent whole in its `misses`
     enc_pos: usize,
     miss_pos: usize,
     /// the batch's next entry in `many_samples`
     many_pos: usize,
-    enc: Option<Box<Encoder>>,
     /// its events' bits of [`order_key`] below the time and rank
     key_bits: u128,
 }
@@ -372,49 +364,9 @@ impl Stream {
             nsamples as u64
         }
     }
-
-    /// A batch begins: when this thread is to encode it (a stream in a share whose batch
-    /// came unencoded), it takes the encoder and its backtrace (`bt`, the stream's).
-    fn begin_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) -> Result<()> {
-        // (a batch without events needs no encoder: the last, or the one that ends a
-        // stream whose decoding thread died, whose encoder is lost with it)
-        if !self.in_share || self.batch.encoded || self.enc.is_some() || self.batch.evs.is_empty() {
-            return Ok(());
-        }
-        match pipe.take_encoder(i) {
-            Some(mut e) if e.next_batch == self.batch.seq => {
-                std::mem::swap(&mut e.frames, &mut bt.frames);
-                std::mem::swap(&mut e.slots, &mut bt.hints);
-                bt.version = e.allocs as u64;
-                self.enc = Some(e);
-                Ok(())
-            }
-            _ => Err(Error::Internal(format!(
-                "stream {i}'s encoder was not handed over for batch {}",
-                self.batch.seq
-            ))),
-        }
-    }
-
-    /// A batch ends: the encoder goes back to the decoding thread if that one should
-    /// encode the stream from now on.
-    fn end_batch(&mut self, i: usize, pipe: &Decoder, bt: &mut Backtrace) {
-        if let Some(e) = &mut self.enc {
-            e.next_batch = self.batch.seq + 1;
-            if !pipe.on_main(i) {
-                if let Some(mut e) = self.enc.take() {
-                    std::mem::swap(&mut e.frames, &mut bt.frames);
-                    std::mem::swap(&mut e.slots, &mut bt.hints);
-                    e.allocs = bt.version as i64;
-                    pipe.give_back(i, e);
-                }
-            }
-        }
-    }
 }
 
-/// Each stream's current allocation backtrace in merged codes (tag frame first if any; in
-/// the input's codes for a stream this thread encodes in a share),
+/// Each stream's current allocation backtrace in merged codes (tag frame first if any),
 /// with a count of its changes: what the last allocation written in a domain shares with
 /// the next one is known without comparing when both come from the same stream.
 #[derive(Default)]
@@ -609,21 +561,19 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
 /// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
 /// `output`, written to a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
-    merge_with(inputs, output, opts, Handoff::Balanced, Hooks::default())
+    merge_with(inputs, output, opts, Hooks::default())
 }
 
-/// [`merge`], with streams encoded in shares changing hands between the threads as
-/// `handoff` says, and (tests) the decoding threads doing what `hooks` say.
+/// [`merge`], with (tests) the decoding threads doing what `hooks` say.
 fn merge_with(
     inputs: &[PathBuf],
     output: &Path,
     opts: &MergeOptions,
-    handoff: Handoff,
     hooks: Hooks,
 ) -> Result<MergeReport> {
     let mut opts = opts.clone();
     loop {
-        match merge_attempt(inputs, output, &opts, handoff, hooks)? {
+        match merge_attempt(inputs, output, &opts, hooks)? {
             Some(report) => return Ok(report),
             // A backtrace too deep for its share: again without encoding ahead (everything
             // of the first attempt gone, its temporary file too), which cannot need this.
@@ -637,7 +587,6 @@ fn merge_attempt(
     inputs: &[PathBuf],
     output: &Path,
     opts: &MergeOptions,
-    handoff: Handoff,
     hooks: Hooks,
 ) -> Result<Option<MergeReport>> {
     if inputs.is_empty() {
@@ -835,7 +784,6 @@ fn merge_attempt(
                 domain: if i.version >= 3 { Some(d) } else { None },
                 size,
                 share: None,
-                on_main: false,
             });
             streams.push(Stream {
                 input: k,
@@ -845,11 +793,9 @@ fn merge_attempt(
                 frame_pos: 0,
                 loc_pos: 0,
                 out_slot,
-                in_share: false,
                 enc_pos: 0,
                 miss_pos: 0,
                 many_pos: 0,
-                enc: None,
                 key_bits: order_key(0, k, 0, streams.len()),
             });
             bts.push(Backtrace {
@@ -864,10 +810,9 @@ fn merge_attempt(
     let threads = opts.decode_threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
     });
-    // Streams that take turns in one output domain, encoded ahead when that pays: by the
-    // decoding threads, but with a single one, every other stream by the merging thread (in
-    // its share: the same bytes), or that thread would have twice the merging thread's
-    // work; streams then move to whichever thread is waiting for the other.
+    // Streams that take turns in one output domain, encoded ahead when that pays: as they
+    // are decoded, by whichever thread fills a batch (the merging thread fills one rather
+    // than wait for it).
     let mut encoded_ahead = false;
     for slot in 0..out_domains.len() {
         let members: Vec<usize> = (0..streams.len())
@@ -890,8 +835,6 @@ fn merge_attempt(
                     count: members.len() as u16,
                 };
                 specs[j].share = Some(of);
-                specs[j].on_main = threads == 1 && rank % 2 == 1;
-                streams[j].in_share = true;
             }
         }
     }
@@ -900,7 +843,7 @@ fn merge_attempt(
     // an error below, the decoder stops its threads).
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads, handoff, hooks)
+    let pipe = Decoder::start(specs, opened.len(), threads, hooks)
         .map_err(|e| Error::Internal(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
@@ -1051,16 +994,12 @@ fn merge_streams(
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
         s.batch = pipe.next_batch(i);
-        s.begin_batch(i, pipe, &mut bts[i])?;
         if s.pos < s.batch.evs.len() {
             heap.push(Reverse(s.batch.evs[0].key(s.key_bits)));
         }
     }
     let mut nevents = 0u64;
     let mut missed: Vec<LocationCode> = Vec::new();
-    let mut sent: Vec<(u32, LocationCode)> = Vec::new();
-    // (the encodings this thread makes in shares)
-    let mut scratch = WriteBuf::with_capacity(4096);
     while let Some(&Reverse(first)) = heap.peek() {
         let i = first as u32 as usize;
         // The stream goes on alone while its events come before every other stream's next.
@@ -1149,8 +1088,7 @@ fn merge_streams(
                     bt.hints.resize(keep, 0);
                     bt.hints
                         .extend_from_slice(&s.batch.slots[f..f + new as usize]);
-                    // (a stream this thread encodes in its share keeps the input's codes)
-                    if st.remap.is_empty() || s.in_share {
+                    if st.remap.is_empty() {
                         bt.frames.extend_from_slice(fresh);
                     } else {
                         let remap = &st.remap;
@@ -1171,67 +1109,30 @@ fn merge_streams(
                     } else {
                         let cut_before = w.stats().cut_backtraces;
                         let resolve = |c| codes.meanings.get(&c).cloned();
-                        let out_id = match s.enc.as_mut() {
-                            Some(e) => {
-                                // encoded whole in its share, as a decoding thread would (the
-                                // hints: the frames' entries in the input), in merged codes
-                                let bt = &bts[i];
-                                scratch.clear();
-                                sent.clear();
-                                let (ncodes, done) = e.share.encode(
-                                    &mut e.tables,
-                                    &mut scratch,
-                                    bt.version as i64,
-                                    &bt.frames,
-                                    &bt.hints,
-                                    keep,
-                                    ENCODING_ROOM,
-                                    |k, at| sent.push((at as u32, bt.frames[k])),
-                                );
-                                if done < bt.frames.len() {
-                                    return Ok(Merged::ShareTooSmall);
-                                }
-                                merged_misses(&st.remap, &mut scratch, &sent, &mut missed);
-                                w.put_alloc_encoded(
-                                    Timestamp(time),
-                                    dom,
-                                    length,
-                                    n,
-                                    source,
-                                    done,
-                                    ncodes,
-                                    scratch.bytes(),
-                                    &missed,
-                                    resolve,
-                                )?
+                        // What it shares with the last allocation written in its domain:
+                        // the stream's own common prefix when that was this stream's
+                        // previous one.
+                        let slot = s.out_slot;
+                        let common = match last_written[slot] {
+                            Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
+                            Some((j, v)) if j != i && bts[j].version == v => {
+                                common_prefix(&bts[j].frames, &bts[i].frames)
                             }
-                            None => {
-                                // What it shares with the last allocation written in its
-                                // domain: the stream's own common prefix when that was this
-                                // stream's previous one.
-                                let slot = s.out_slot;
-                                let common = match last_written[slot] {
-                                    Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
-                                    Some((j, v)) if j != i && bts[j].version == v => {
-                                        common_prefix(&bts[j].frames, &bts[i].frames)
-                                    }
-                                    _ => 0,
-                                };
-                                last_written[slot] = Some((i, bts[i].version));
-                                let bt = &mut bts[i];
-                                w.put_alloc_hinted(
-                                    Timestamp(time),
-                                    dom,
-                                    length,
-                                    n,
-                                    source,
-                                    common,
-                                    &bt.frames[common..],
-                                    &mut bt.hints[common..],
-                                    resolve,
-                                )?
-                            }
+                            _ => 0,
                         };
+                        last_written[slot] = Some((i, bts[i].version));
+                        let bt = &mut bts[i];
+                        let out_id = w.put_alloc_hinted(
+                            Timestamp(time),
+                            dom,
+                            length,
+                            n,
+                            source,
+                            common,
+                            &bt.frames[common..],
+                            &mut bt.hints[common..],
+                            resolve,
+                        )?;
                         if w.stats().cut_backtraces != cut_before {
                             st.report.cut_backtraces += 1;
                         }
@@ -1258,8 +1159,6 @@ fn merge_streams(
             }
             s.pos += 1;
             if s.pos == s.batch.evs.len() && !s.batch.last {
-                pipe.tick();
-                s.end_batch(i, pipe, &mut bts[i]);
                 let next = pipe.next_batch(i);
                 pipe.recycle(std::mem::replace(&mut s.batch, next));
                 s.pos = 0;
@@ -1268,7 +1167,6 @@ fn merge_streams(
                 s.enc_pos = 0;
                 s.miss_pos = 0;
                 s.many_pos = 0;
-                s.begin_batch(i, pipe, &mut bts[i])?;
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {
@@ -1427,12 +1325,28 @@ mod tests {
         w.finish().unwrap();
     }
 
-    /// However often the streams encoded in shares change hands between the merging
-    /// thread and the decoding thread (from every batch on), the bytes are those of a
-    /// merge whose decoding threads encode every stream: with codes remapped, and with the
-    /// domains of a format-3 input as streams of their own.
+    /// A decoding thread pausing 300 us after every batch (the merging thread then fills
+    /// the batches it needs), and one holding each stream 300 us before it fills it (the
+    /// merging thread then finds the stream it needs being filled, and fills other
+    /// streams' batches ahead).
+    fn slow_decoding() -> [(&'static str, Hooks); 2] {
+        let pause = Hooks {
+            pause: Duration::from_micros(300),
+            ..Hooks::default()
+        };
+        let hold = Hooks {
+            hold: Duration::from_micros(300),
+            ..Hooks::default()
+        };
+        [("pausing", pause), ("holding", hold)]
+    }
+
+    /// Whichever thread fills a batch of a stream encoded in a share (its decoding thread,
+    /// or the merging thread rather than wait, while the decoding thread pauses or holds
+    /// another stream), the bytes are those of a merge by three decoding threads: with
+    /// codes remapped, and with the domains of a format-3 input as streams of their own.
     #[test]
-    fn handing_encoders_over_does_not_change_the_bytes() {
+    fn encoding_ahead_on_either_thread_does_not_change_the_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let gen: Vec<PathBuf> = ["alpha.ml", "beta.ml", "alpha.ml"]
             .iter()
@@ -1449,7 +1363,7 @@ mod tests {
         let sets: [(Vec<PathBuf>, Option<u16>); 3] =
             [(gen, None), (fork, None), (with_v3, Some(2))];
         for (set, format) in sets {
-            let run = |threads: usize, handoff: Handoff| {
+            let run = |threads: usize, hooks: Hooks| {
                 let out = dir.path().join("out.ctf");
                 let opts = MergeOptions {
                     decode_threads: Some(threads),
@@ -1458,16 +1372,23 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let r = merge_with(&set, &out, &opts, handoff, Hooks::default()).unwrap();
+                let r = merge_with(&set, &out, &opts, hooks).unwrap();
                 assert!(r.encoded_ahead);
                 (std::fs::read(&out).unwrap(), r.remapped_codes)
             };
-            let (want, remapped) = run(2, Handoff::Balanced);
-            for k in [1, 2, 3, 7] {
-                let (got, _) = run(1, Handoff::Every(k));
+            let (want, remapped) = run(3, Hooks::default());
+            for (what, hooks) in slow_decoding() {
+                let before = crate::decode::FILLED_HERE.get();
+                let (got, _) = run(1, hooks);
+                let encoded = crate::decode::FILLED_HERE.get().2 - before.2;
+                assert!(
+                    encoded >= 5,
+                    "{what}: only {encoded} batches encoded by the merging thread ({} inputs)",
+                    set.len()
+                );
                 assert!(
                     got == want,
-                    "handed over every {k} batches ({} inputs, {remapped} codes remapped): other bytes",
+                    "{what} ({} inputs, {remapped} codes remapped): other bytes",
                     set.len()
                 );
             }
@@ -1544,7 +1465,7 @@ mod tests {
                     panic_at: Some(2),
                     ..Hooks::default()
                 };
-                let e = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).err();
+                let e = merge_with(&set, &out, &opts, hooks).err();
                 assert!(
                     matches!(&e, Some(Error::Internal(m))
                         if m.contains("a decoding thread panicked: injected panic before batch ")),
@@ -1577,27 +1498,16 @@ mod tests {
                     progress: false,
                     ..Default::default()
                 };
-                let r = merge_with(&set, &out, &opts, Handoff::Balanced, hooks).unwrap();
+                let r = merge_with(&set, &out, &opts, hooks).unwrap();
                 assert_eq!(r.encoded_ahead, ahead);
                 std::fs::read(&out).unwrap()
             };
             let want = run(3, Hooks::default());
-            // The decoding thread pausing between batches: the merging thread fills the
-            // batches it needs; holding each stream before it fills it: the merging thread
-            // finds the stream it needs being filled, and fills other streams' ahead.
-            let pause = Hooks {
-                pause: Duration::from_micros(300),
-                ..Hooks::default()
-            };
-            let hold = Hooks {
-                hold: Duration::from_micros(300),
-                ..Hooks::default()
-            };
-            for (what, hooks) in [("pausing", pause), ("holding", hold)] {
+            for (what, hooks) in slow_decoding() {
                 let before = crate::decode::FILLED_HERE.get();
                 let got = run(1, hooks);
                 let after = crate::decode::FILLED_HERE.get();
-                let (filled, encoded, filled_ahead) =
+                let (filled, filled_ahead, encoded) =
                     (after.0 - before.0, after.1 - before.1, after.2 - before.2);
                 let (here, done) = if hooks.hold.is_zero() {
                     ("filled", filled)
