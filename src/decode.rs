@@ -83,10 +83,9 @@ pub(crate) struct Batch {
     pub misses: Vec<(u32, LocationCode)>,
     /// The stream has no events after this batch.
     pub last: bool,
-    /// The batch's place in its stream (0 for the first).
-    pub seq: u64,
-    /// Its allocations come encoded in `enc` (the stream is in a share and the decoding
-    /// thread held its [`Encoder`]); else as kept and new frames.
+    /// Its allocations come encoded in `enc` (the stream is in a share: whichever thread
+    /// filled the batch encoded it with the stream's [`Encoder`]); else as kept and new
+    /// frames.
     pub encoded: bool,
 }
 
@@ -116,7 +115,6 @@ impl Batch {
             enc: WriteBuf::with_capacity(0),
             misses: Vec::new(),
             last: false,
-            seq: 0,
             encoded: false,
         }
     }
@@ -568,7 +566,6 @@ fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
         sh.batch_events
     };
     s.first = false;
-    b.seq = s.seq;
     s.seq += 1;
     fill(s, &mut b, n);
     if let Some(r) = &s.reader {
@@ -818,8 +815,8 @@ impl EventSink for Filler<'_> {
     }
 }
 
-/// Decode up to `n` events of a stream into `b` (encoding its backtraces when this thread
-/// holds the stream's encoder).
+/// Decode up to `n` events of a stream into `b` (encoding its backtraces with the stream's
+/// encoder, if it is in a share).
 fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
     b.encoded = s.enc.is_some();
     let Some(r) = s.reader.as_mut() else {

@@ -1447,7 +1447,8 @@ mod tests {
     }
 
     /// A decoding thread that panics fails the merge with its message, and leaves no
-    /// output: with the streams encoded ahead (their encoders lost with the thread) or not.
+    /// output: with the streams encoded ahead (the stream it was filling, and its encoder,
+    /// left behind a poisoned lock) or not.
     #[test]
     fn a_decoding_thread_that_panics_fails_the_merge_with_its_message() {
         let dir = tempfile::tempdir().unwrap();
@@ -1480,8 +1481,8 @@ mod tests {
     /// thread fills the batches it would wait for itself, from the same readers (and, for
     /// streams encoded ahead, with the same encoders); when the stream it needs is being
     /// filled (here held a while before each batch), it fills other streams' batches
-    /// ahead. The bytes are those of a merge that never does either (several decoding
-    /// threads, nobody waits long).
+    /// ahead. The bytes are those of a merge by three decoding threads (where the merging
+    /// thread seldom waits).
     #[test]
     fn batches_the_merging_thread_fills_itself_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
