@@ -193,6 +193,19 @@ struct Queue {
     queued: AtomicUsize,
 }
 
+impl Queue {
+    /// Queue a batch its filler made (who calls this before letting go of the stream's
+    /// lock keeps the batches in order), waking the consumer if it waits for one.
+    fn push(&self, b: Batch) {
+        let mut g = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        g.ready.push_back(b);
+        self.queued.store(g.ready.len(), Ordering::Relaxed);
+        if g.waiting {
+            self.cv.notify_one();
+        }
+    }
+}
+
 /// A worker's doorbell: rung when one of its queues has room again (signalled only while
 /// the worker sleeps).
 #[derive(Default)]
@@ -435,10 +448,7 @@ impl Decoder {
         #[cfg(test)]
         FILLED_HERE.with(|n| n.set((n.get().0, n.get().1 + 1, n.get().2 + b.encoded as u64)));
         // queued before the lock is let go: batches stay in order
-        let q = &sh.queues[j];
-        let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
-        g.ready.push_back(b);
-        q.queued.store(g.ready.len(), Ordering::Relaxed);
+        sh.queues[j].push(b);
         true
     }
 
@@ -668,13 +678,7 @@ fn decode_all(
                 }
                 let b = fill_next(sh, s);
                 // queued before the lock is let go: batches stay in order
-                let q = &sh.queues[i];
-                let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
-                g.ready.push_back(b);
-                q.queued.store(g.ready.len(), Ordering::Relaxed);
-                if g.waiting {
-                    q.cv.notify_one();
-                }
+                sh.queues[i].push(b);
                 worked = true;
             }
             drop(st);
