@@ -397,20 +397,14 @@ impl Share {
             let code = frames[pos].0;
             let mut e = self.at[pos] as usize & M;
             if e == 0 || cache[e] != code {
-                let i;
-                (i, e) = self.look(hints, pos);
-                if e == 0 || cache[e] != code {
-                    let found =
-                        self.find_or_send(cache, date, next, b, alloc_id, code, predictor, pos);
-                    e = found.unwrap_or_else(|e| e);
-                    if i < CACHE_SIZE {
-                        self.xlat[i] = e as u16;
-                    }
-                    if found.is_err() {
+                let looked = self.look(hints, pos);
+                match self.locate(cache, date, next, b, alloc_id, code, predictor, pos, looked) {
+                    Ok(found) => e = found,
+                    Err(sent) => {
                         on_miss(pos, b.len() - 8);
                         missed = true;
-                        self.replace(pos, e);
-                        predictor = e;
+                        self.replace(pos, sent);
+                        predictor = sent;
                         pos += 1;
                         ncodes += 1;
                         continue;
@@ -522,13 +516,14 @@ impl Share {
         (pos, predictor, self.look(hints, pos))
     }
 
-    /// The entry of `code` at position `pos` (after `predictor`'s) when one of its two
-    /// candidates holds it; else (Err) the one it is put in, the one used less lately (the
-    /// positions in it doubted), which `predictor` now predicts, and the miss codeword
-    /// that says so, written to `b`.
+    /// The entry of `code` at position `pos` (after `predictor`'s) when the entry
+    /// [`Share::look`] gave (`looked`) or one of its two candidates holds it; else (Err) the
+    /// one it is put in, the one used less lately (the positions in it doubted), which
+    /// `predictor` now predicts, and the miss codeword that says so, written to `b`. Found
+    /// elsewhere than `looked` says, the entry is noted for the frame's entry in the input.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn find_or_send(
+    fn locate(
         &mut self,
         cache: &mut [u64; CACHE_SIZE],
         date: &mut [i64; CACHE_SIZE],
@@ -538,24 +533,33 @@ impl Share {
         code: u64,
         predictor: usize,
         pos: usize,
+        looked: (usize, usize),
     ) -> Result<usize, usize> {
+        let (i, h) = looked;
+        if h != 0 && cache[h] == code {
+            return Ok(h);
+        }
         // (code 0 is in every entry never filled, which the reader does not know: it is
         // never looked up)
         let (h1, h2) = self.candidates(code);
-        if code != 0 && cache[h1] == code {
-            return Ok(h1);
+        let found = if code != 0 && cache[h1] == code {
+            Ok(h1)
+        } else if code != 0 && cache[h2] == code {
+            Ok(h2)
+        } else {
+            let e = if date[h1] < date[h2] { h1 } else { h2 };
+            self.overwrite(e);
+            cache[e] = code;
+            date[e] = alloc_id;
+            self.repoint(next, predictor, e, pos);
+            b.u16(((e << 2) | 3) as u16);
+            b.u64(code);
+            Err(e)
+        };
+        if i < CACHE_SIZE {
+            self.xlat[i] = found.unwrap_or_else(|e| e) as u16;
         }
-        if code != 0 && cache[h2] == code {
-            return Ok(h2);
-        }
-        let e = if date[h1] < date[h2] { h1 } else { h2 };
-        self.overwrite(e);
-        cache[e] = code;
-        date[e] = alloc_id;
-        self.repoint(next, predictor, e, pos);
-        b.u16(((e << 2) | 3) as u16);
-        b.u64(code);
-        Err(e)
+        found
     }
 
     /// [`Share::encode`] from `pos` (after `predictor`), the end of the path: each frame is
@@ -583,25 +587,20 @@ impl Share {
         let mut looked = self.look(hints, pos);
         while pos < n && b.len() <= limit {
             let code = frames[pos].0;
-            let (i, mut e) = looked;
-            if e == 0 || cache[e] != code {
-                let found = self.find_or_send(cache, date, next, b, alloc_id, code, predictor, pos);
-                e = found.unwrap_or_else(|e| e);
-                if i < CACHE_SIZE {
-                    self.xlat[i] = e as u16;
-                }
-                if found.is_err() {
-                    on_miss(pos, b.len() - 8);
-                    missed = true;
-                    self.push(e);
-                    predictor = e;
-                    pos += 1;
-                    ncodes += 1;
-                    looked = self.look(hints, pos);
-                    continue;
-                }
-            }
-            let hit = e;
+            let hit =
+                match self.locate(cache, date, next, b, alloc_id, code, predictor, pos, looked) {
+                    Ok(found) => found,
+                    Err(sent) => {
+                        on_miss(pos, b.len() - 8);
+                        missed = true;
+                        self.push(sent);
+                        predictor = sent;
+                        pos += 1;
+                        ncodes += 1;
+                        looked = self.look(hints, pos);
+                        continue;
+                    }
+                };
             date[hit] = alloc_id;
             self.repoint(next, predictor, hit, pos);
             self.push(hit);
