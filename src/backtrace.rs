@@ -242,28 +242,14 @@ impl CacheReader {
                 // checked when they were set, or to entry 0 (the initial prediction): only
                 // the hit itself and, while entry 0 is empty, the predicted frames need
                 // looking at.
-                let mut empty = slots[0].0 == EMPTY;
-                if t.loc[0] == EMPTY {
-                    let mut acc = 0u64;
-                    for (j, slot) in slots[1..=n].iter_mut().enumerate() {
-                        p = t.pred[p] as usize & M;
-                        let v = t.loc[p];
-                        acc |= not_a_code(v);
-                        *slot = LocationCode(v);
-                        if S {
-                            ents[j + 1] = p as u16;
-                        }
-                    }
-                    empty |= acc >> 63 != 0;
+                let empty = slots[0].0 == EMPTY;
+                let empty = if t.loc[0] == EMPTY {
+                    Self::predicted::<S, true>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents)
+                        | empty
                 } else {
-                    for (j, slot) in slots[1..=n].iter_mut().enumerate() {
-                        p = t.pred[p] as usize & M;
-                        *slot = LocationCode(t.loc[p]);
-                        if S {
-                            ents[j + 1] = p as u16;
-                        }
-                    }
-                }
+                    Self::predicted::<S, false>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents);
+                    empty
+                };
                 if empty {
                     return Err(Malformed::EmptyCacheEntry);
                 }
@@ -278,6 +264,44 @@ impl CacheReader {
             });
         }
         Ok(len)
+    }
+
+    /// The frames a hit in entry `p` predicts, into `slots[1..]` (their entries into
+    /// `ents[1..]` with `S`), `p` left at the last; with `CHECK`, whether one is not a code.
+    /// Recursion predicts an entry from itself: the rest of the run is then that frame.
+    #[inline(always)]
+    fn predicted<const S: bool, const CHECK: bool>(
+        pred: &[u16; CACHE_SIZE],
+        loc: &[u64; CACHE_SIZE],
+        p: &mut usize,
+        slots: &mut [LocationCode],
+        ents: &mut [u16],
+    ) -> bool {
+        const M: usize = CACHE_SIZE - 1;
+        let mut acc = 0u64;
+        let mut q = *p;
+        for j in 1..slots.len() {
+            let next = pred[q] as usize & M;
+            if next == q {
+                // (the frame is the one before, already checked)
+                slots[j..].fill(LocationCode(loc[q]));
+                if S {
+                    ents[j..slots.len()].fill(q as u16);
+                }
+                break;
+            }
+            q = next;
+            let v = loc[q];
+            if CHECK {
+                acc |= not_a_code(v);
+            }
+            slots[j] = LocationCode(v);
+            if S {
+                ents[j] = q as u16;
+            }
+        }
+        *p = q;
+        acc >> 63 != 0
     }
 
     /// Skip a backtrace without decoding it (cache left untouched, as the reference's skip).
@@ -789,6 +813,43 @@ mod tests {
         out
     }
 
+    /// The reference's decoder transcribed codeword by codeword, frame by frame: the
+    /// frames, and the entry each came from.
+    fn reference_decode(
+        loc: &mut [u64],
+        pred: &mut [u16],
+        bytes: &[u8],
+        ncodes: usize,
+    ) -> (Vec<LocationCode>, Vec<u16>) {
+        let (mut frames, mut entries) = (Vec::new(), Vec::new());
+        let mut c = Cursor::new(bytes);
+        let mut predictor = 0usize;
+        for _ in 0..ncodes {
+            let cw = c.u16().unwrap();
+            let bucket = (cw >> 2) as usize;
+            pred[predictor] = bucket as u16;
+            let n = match cw & 3 {
+                0 => 0,
+                1 => 1,
+                2 => c.u8().unwrap() as usize,
+                _ => {
+                    loc[bucket] = ocaml_int(c.u64().unwrap()) as u64;
+                    0
+                }
+            };
+            let mut e = bucket;
+            frames.push(LocationCode(loc[e]));
+            entries.push(e as u16);
+            for _ in 0..n {
+                e = pred[e] as usize;
+                frames.push(LocationCode(loc[e]));
+                entries.push(e as u16);
+            }
+            predictor = e;
+        }
+        (frames, entries)
+    }
+
     /// Backtraces full of recursion (runs of one code, of two alternating codes, of three;
     /// code 0 among them, which entries never filled hold), some longer than 255 frames,
     /// encode to exactly the reference's bytes and decode back to themselves.
@@ -802,6 +863,8 @@ mod tests {
             vec![0i64; CACHE_SIZE],
             vec![0u16; CACHE_SIZE],
         );
+        let (mut loc, mut pred) = (vec![0u64; CACHE_SIZE], vec![0u16; CACHE_SIZE]);
+        r.keep_slots(true);
         // (and a hinted encoder, its hints kept between backtraces)
         let mut h = CacheWriter::default();
         let mut hints: Vec<u16> = Vec::new();
@@ -835,11 +898,16 @@ mod tests {
             h.encode_hinted(&mut hb, id, &bt, &mut hints, usize::MAX, |_| {});
             assert_eq!(hb.bytes(), &want[..], "backtrace {id}, hinted");
             // and they decode back (until code 0 comes in, at 1500, which the reference
-            // encodes as hits on entries no miss filled, and which this reader refuses)
+            // encodes as hits on entries no miss filled, and which this reader refuses),
+            // each frame's entry kept as the reference's decoder finds it
             if id < 1500 {
                 let mut c = Cursor::new(b.bytes());
                 r.decode(&mut c, ncodes, 0, |_| true).unwrap();
                 assert_eq!(r.backtrace(), &bt[..], "backtrace {id}");
+                assert_eq!(c.remaining(), 0);
+                let (frames, entries) = reference_decode(&mut loc, &mut pred, b.bytes(), ncodes);
+                assert_eq!(frames, bt, "backtrace {id}");
+                assert_eq!(r.slots(), &entries[..], "backtrace {id}");
             }
         }
     }
