@@ -34,6 +34,24 @@ fn not_a_code(v: u64) -> u64 {
     v ^ (v << 1)
 }
 
+/// How many frames `a` and `b` have the same before the first that differs (compared 16
+/// at a time, without a branch each).
+#[inline]
+fn same_run(a: &[LocationCode], b: &[LocationCode]) -> usize {
+    let mut m = 0;
+    for (x, y) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        if !x.iter().zip(y).fold(true, |all, (x, y)| all & (x.0 == y.0)) {
+            break;
+        }
+        m += 16;
+    }
+    m + a[m..]
+        .iter()
+        .zip(&b[m..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
 /// Whether any frame is EMPTY.
 #[cfg(test)]
 fn any_empty(frames: &[LocationCode]) -> bool {
@@ -464,11 +482,7 @@ impl CacheWriter {
         } else {
             return pos;
         };
-        let m = frames[pos..end]
-            .iter()
-            .zip(&frames[pos - p..end - p])
-            .take_while(|(a, b)| a == b)
-            .count();
+        let m = same_run(&frames[pos..end], &frames[pos - p..end - p]);
         if p == 2 && m % 2 == 1 {
             // an odd number more: the run ends on the other entry
             *predictor = next[*predictor & (CACHE_SIZE - 1)] as usize & (CACHE_SIZE - 1);
