@@ -34,8 +34,8 @@ fn not_a_code(v: u64) -> u64 {
     v ^ (v << 1)
 }
 
-/// How many frames `a` and `b` have the same before the first that differs (compared 16
-/// at a time, without a branch each).
+/// [`crate::writer::common_prefix`] for long runs: compared 16 frames at a time first,
+/// without a branch each.
 #[inline]
 fn same_run(a: &[LocationCode], b: &[LocationCode]) -> usize {
     let mut m = 0;
@@ -45,11 +45,7 @@ fn same_run(a: &[LocationCode], b: &[LocationCode]) -> usize {
         }
         m += 16;
     }
-    m + a[m..]
-        .iter()
-        .zip(&b[m..])
-        .take_while(|(x, y)| x == y)
-        .count()
+    m + crate::writer::common_prefix(&a[m..], &b[m..])
 }
 
 /// Whether any frame is EMPTY.
