@@ -256,15 +256,13 @@ impl CacheReader {
                 // checked when they were set, or to entry 0 (the initial prediction): only
                 // the hit itself and, while entry 0 is empty, the predicted frames need
                 // looking at.
-                let empty = slots[0].0 == EMPTY;
-                let empty = if t.loc[0] == EMPTY {
+                let hit_empty = slots[0].0 == EMPTY;
+                let predicted_empty = if t.loc[0] == EMPTY {
                     Self::predicted::<S, true>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents)
-                        | empty
                 } else {
-                    Self::predicted::<S, false>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents);
-                    empty
+                    Self::predicted::<S, false>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents)
                 };
-                if empty {
+                if hit_empty || predicted_empty {
                     return Err(Malformed::EmptyCacheEntry);
                 }
                 len += n + 1;
@@ -281,7 +279,8 @@ impl CacheReader {
     }
 
     /// The frames a hit in entry `p` predicts, into `slots[1..]` (their entries into
-    /// `ents[1..]` with `S`), `p` left at the last; with `CHECK`, whether one is not a code.
+    /// `ents[1..]` with `S`), `p` left at the last; whether one is not a code (looked at only
+    /// with `CHECK`: false without).
     /// Recursion predicts an entry from itself: the rest of the run is then that frame.
     #[inline(always)]
     fn predicted<const S: bool, const CHECK: bool>(
