@@ -132,6 +132,11 @@ impl WriteBuf {
     pub fn clear(&mut self) {
         self.len = 0
     }
+    /// Clear it, writing zeros over all its room in one pass (see `Batch::take_back`).
+    pub fn clear_and_zero(&mut self) {
+        self.buf.fill(0);
+        self.len = 0
+    }
     /// Forget everything after the first `n` bytes.
     pub fn truncate(&mut self, n: usize) {
         self.len = self.len.min(n)
