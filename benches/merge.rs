@@ -361,6 +361,56 @@ fn ratios(ours: f64, given: f64, measured: Option<f64>) -> String {
     s
 }
 
+/// The time (ns) a value takes to go from one thread to another and back, each spinning on
+/// one atomic: this VM's two vCPUs are sometimes placed close by the host (~60 ns) and
+/// sometimes apart (~330 ns), and a merge on two threads, passing its batches from one core
+/// to the other, takes 50% longer then, when the one-thread OCaml merge does not.
+fn round_trip_ns() -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 20_000;
+    let flag = std::sync::Arc::new(AtomicU64::new(0));
+    let other = flag.clone();
+    let t = std::thread::spawn(move || {
+        for i in 0..=N {
+            while other.load(Ordering::Acquire) != 2 * i + 1 {}
+            other.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let mut start = Instant::now();
+    for i in 0..=N {
+        flag.store(2 * i + 1, Ordering::Release);
+        while flag.load(Ordering::Acquire) != 2 * i + 2 {}
+        if i == 0 {
+            // (the first exchange waits for the thread to start)
+            start = Instant::now();
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / N as f64;
+    t.join().unwrap();
+    ns
+}
+
+/// Round trips of at least this many ns: the vCPUs were apart (this machine's threshold).
+const APART_NS: f64 = 150.0;
+
+/// Medians of runs (secs, round trip ns) whose vCPUs were close and apart: (count, median
+/// secs, median round trip) each.
+fn by_placement(runs: &[(f64, f64)]) -> [(usize, f64, f64); 2] {
+    let part = |apart: bool| {
+        let mut t: Vec<f64> = Vec::new();
+        let mut rt: Vec<f64> = Vec::new();
+        for &(secs, ns) in runs.iter().filter(|r| (r.1 >= APART_NS) == apart) {
+            t.push(secs);
+            rt.push(ns);
+        }
+        t.sort_by(f64::total_cmp);
+        rt.sort_by(f64::total_cmp);
+        let mid = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+        (t.len(), mid(&t), mid(&rt))
+    };
+    [part(false), part(true)]
+}
+
 fn events_of(paths: &[PathBuf]) -> u64 {
     let mut n = 0;
     for p in paths {
@@ -391,14 +441,27 @@ fn main() {
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum();
     let ocaml = ocaml_merge();
-    // (15 runs of ours, 5 of the OCaml merge, in turns)
+    // (24 runs of ours, 8 of the OCaml merge, in turns; before each, where the vCPUs are)
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     let (t, base) = timed_in_turns(
         true,
-        5,
+        8,
         3,
         0,
-        || run_merge(&fork, &out),
-        ocaml.as_deref().map(|exe| || run_ocaml(exe, &fork, &out)),
+        || {
+            let ns = round_trip_ns();
+            let r = run_merge(&fork, &out);
+            ours.push((r.0, ns));
+            r
+        },
+        ocaml.as_deref().map(|exe| {
+            || {
+                let ns = round_trip_ns();
+                let r = run_ocaml(exe, &fork, &out);
+                theirs.push((r.0, ns));
+                r
+            }
+        }),
     );
     let base = base.map(|b| b.median);
     let ev = events_of(&fork);
@@ -412,6 +475,29 @@ fn main() {
         t.rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
         ratios(t.median, OCAML_FORK_S, base)
     );
+    // (the untimed first run of each is left out)
+    let (ours, theirs) = (&ours[1..], theirs.get(1..).unwrap_or(&[]));
+    let (o, c) = (by_placement(ours), by_placement(theirs));
+    for (k, what) in ["close", "apart"].iter().enumerate() {
+        let (n, secs, ns) = o[k];
+        if n == 0 {
+            continue;
+        }
+        let (m, theirs_secs, _) = c[k];
+        let vs = if m > 0 {
+            format!(
+                ", {:.0}x the OCaml merge in its {m} run(s) so placed ({theirs_secs:.2} s)",
+                theirs_secs / secs
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "  fork/ with the two vCPUs {what} (round trip {ns:.0} ns): {n} runs, median {:.1} ms, {:.0}x the given OCaml time{vs}",
+            secs * 1e3,
+            OCAML_FORK_S / secs
+        );
+    }
 
     let data = root.join("target/bench-data");
     let mut first_rss = None;
