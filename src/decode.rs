@@ -85,7 +85,7 @@ pub(crate) struct Batch {
     pub last: bool,
     /// Its allocations come encoded in `enc` (the stream is in a share: whichever thread
     /// filled the batch encoded it with the stream's [`Encoder`]); else as kept and new
-    /// frames. (Set by each fill.)
+    /// frames.
     pub encoded: bool,
     /// Frames the batch held before it was last cleared.
     frames_used: usize,
@@ -135,12 +135,11 @@ impl Batch {
             time: 0,
             ev: Ev::Collect { id: 0 },
         };
-        self.evs.clear();
+        // (the batch is empty: `Decoder::recycle` cleared it)
         self.evs.resize(self.evs.capacity(), BLANK);
         self.evs.clear();
-        if self.encoded {
-            self.enc.clear_and_zero();
-        }
+        // (a share's codewords: a few bytes' room in a batch of frames)
+        self.enc.clear_and_zero();
         // (and the frames' as far as the last fill went: deep stacks fill them all)
         let n = self.frames_used;
         self.frames.resize(n, LocationCode(0));
@@ -159,7 +158,7 @@ impl Batch {
         self.enc.clear();
         self.misses.clear();
         self.last = false;
-        // (`encoded` is kept: `take_back` then knows `enc` was written; each fill sets it)
+        self.encoded = false;
     }
 }
 
