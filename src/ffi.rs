@@ -25,6 +25,40 @@ pub fn install_interrupt_handler() {
     }
 }
 
+/// Swap two paths in one step (Linux `renameat2` with `RENAME_EXCHANGE`): how a finished
+/// output takes the place of an existing file. Renamed over it instead, ext4 first starts
+/// writing the whole new file out (its guard for files replaced by rename), 50-100 ms for
+/// a 100 MB output. `Err` where the system or file system cannot exchange.
+#[cfg(target_os = "linux")]
+pub(crate) fn exchange_paths(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both are NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn exchange_paths(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
 /// `MemtraceMergeOptions.format`: format 2 when every input is at most 2, else 3.
 pub const MEMTRACE_MERGE_FORMAT_AUTO: u32 = 0;
 /// `MemtraceMergeOptions.format`: write format version 2.

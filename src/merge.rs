@@ -309,13 +309,23 @@ impl TempOutput {
         ))
     }
 
-    /// Rename the finished file onto the target (after flushing it to disk if `sync`).
+    /// Put the finished file at the target's path (after flushing it to disk if `sync`).
     pub(crate) fn commit(mut self, f: File, sync: bool) -> Result<()> {
         if sync {
             f.sync_all()
                 .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
         }
         drop(f);
+        // An existing file is exchanged with the new one, then removed under the temporary
+        // name (renamed over, it would cost a write-out of the new file on ext4); anything
+        // else, or where exchanging fails, is renamed over.
+        let existing = std::fs::symlink_metadata(&self.target).is_ok_and(|m| m.is_file());
+        if existing && crate::ffi::exchange_paths(&self.tmp, &self.target).is_ok() {
+            self.committed = true;
+            // (the old output, which is not an input: that was refused before)
+            let _ = std::fs::remove_file(&self.tmp);
+            return Ok(());
+        }
         std::fs::rename(&self.tmp, &self.target)
             .map_err(|e| Error::io(&self.target, "rename output", e))?;
         self.committed = true;
@@ -1275,6 +1285,51 @@ mod tests {
             .iter()
             .map(|n| data(&format!("fork/{n}.ctf")))
             .collect()
+    }
+
+    /// A finished output takes the place of what is at its path: a file (by exchange,
+    /// which leaves the file's other hard links alone), a symbolic link (the link, not the
+    /// file it names), or nothing; no temporary is left, and the exchange swaps.
+    #[test]
+    fn a_finished_output_replaces_what_was_there() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let commit = |target: &Path, text: &[u8]| {
+            let (tmp, mut f) = TempOutput::create(target).unwrap();
+            f.write_all(text).unwrap();
+            tmp.commit(f, false).unwrap();
+        };
+        let (a, b) = (d.join("a"), d.join("b"));
+        std::fs::write(&a, b"old a").unwrap();
+        std::fs::write(&b, b"old b").unwrap();
+        #[cfg(target_os = "linux")]
+        {
+            crate::ffi::exchange_paths(&a, &b).unwrap();
+            assert_eq!(std::fs::read(&a).unwrap(), b"old b");
+            assert_eq!(std::fs::read(&b).unwrap(), b"old a");
+            assert!(crate::ffi::exchange_paths(&a, &d.join("none")).is_err());
+        }
+        // a file, and another name of it
+        std::fs::hard_link(&a, d.join("a2")).unwrap();
+        commit(&a, b"new a");
+        assert_eq!(std::fs::read(&a).unwrap(), b"new a");
+        assert_eq!(std::fs::read(d.join("a2")).unwrap(), b"old b");
+        // a symbolic link
+        std::os::unix::fs::symlink(&b, d.join("l")).unwrap();
+        commit(&d.join("l"), b"new l");
+        assert!(std::fs::symlink_metadata(d.join("l")).unwrap().is_file());
+        assert_eq!(std::fs::read(d.join("l")).unwrap(), b"new l");
+        assert_eq!(std::fs::read(&b).unwrap(), b"old a");
+        // nothing
+        commit(&d.join("c"), b"new c");
+        assert_eq!(std::fs::read(d.join("c")).unwrap(), b"new c");
+        let mut names: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a", "a2", "b", "c", "l"]);
     }
 
     /// A trace of 4,000 allocations whose stacks repeat, in codes 1000.. that mean
