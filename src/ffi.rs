@@ -25,18 +25,31 @@ pub fn install_interrupt_handler() {
     }
 }
 
+/// A path as the system takes it (no NUL inside).
+#[cfg(target_os = "linux")]
+fn c_path(p: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+/// A system call's result: 0 is `Ok`, anything else the error in `errno`.
+#[cfg(target_os = "linux")]
+fn os_result(r: libc::c_int) -> std::io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Swap two paths in one step (Linux `renameat2` with `RENAME_EXCHANGE`): how a finished
 /// output takes the place of an existing file. Renamed over it instead, ext4 first starts
 /// writing the whole new file out (its guard for files replaced by rename), 50-100 ms for
 /// a 100 MB output. `Err` where the system or file system cannot exchange.
 #[cfg(target_os = "linux")]
 pub(crate) fn exchange_paths(a: &Path, b: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
-    };
-    let (a, b) = (c(a)?, c(b)?);
+    let (a, b) = (c_path(a)?, c_path(b)?);
     // SAFETY: both are NUL-terminated strings that outlive the call.
     let r = unsafe {
         libc::renameat2(
@@ -47,15 +60,58 @@ pub(crate) fn exchange_paths(a: &Path, b: &Path) -> std::io::Result<()> {
             libc::RENAME_EXCHANGE,
         )
     };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    os_result(r)
 }
 
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn exchange_paths(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// A new file without a name in directory `dir` (Linux `O_TMPFILE`), to be given one by
+/// [`link_unnamed`]; `None` where the system or file system has no such files, or no
+/// `/proc/self/fd` to link them through.
+#[cfg(target_os = "linux")]
+pub(crate) fn create_unnamed(dir: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !Path::new("/proc/self/fd").is_dir() {
+        return None;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+        .ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn create_unnamed(_: &Path) -> Option<std::fs::File> {
+    None
+}
+
+/// Give a file made by [`create_unnamed`] the name `to` (`linkat` of its `/proc/self/fd`
+/// link); `Err` of kind `AlreadyExists` when `to` is taken.
+#[cfg(target_os = "linux")]
+pub(crate) fn link_unnamed(f: &std::fs::File, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let from = c_path(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))?;
+    let to = c_path(to)?;
+    // SAFETY: both are NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    os_result(r)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn link_unnamed(_: &std::fs::File, _: &Path) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 

@@ -246,16 +246,28 @@ pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The output file under construction: a temporary beside the target, removed unless
-/// committed (renamed onto the target) at the end.
+/// The output file under construction: an unnamed file in the target's directory (Linux
+/// `O_TMPFILE`), named only once finished, so that even a killed merge leaves nothing; or,
+/// where the file system has no unnamed files, a temporary beside the target, removed
+/// unless committed.
 pub(crate) struct TempOutput {
-    tmp: PathBuf,
+    /// The temporary's name beside the target: from the start, or once given at the commit.
+    tmp: Option<PathBuf>,
+    dir: PathBuf,
+    /// the target's name, cut to fit in a temporary's
+    stem: String,
+    nanos: u32,
     target: PathBuf,
     committed: bool,
 }
 
 impl TempOutput {
     pub(crate) fn create(target: &Path) -> Result<(TempOutput, File)> {
+        Self::create_as(target, true)
+    }
+
+    /// (`unnamed`: unless the file system has none; else always a temporary name)
+    fn create_as(target: &Path, unnamed: bool) -> Result<(TempOutput, File)> {
         let name = target.file_name().ok_or_else(|| {
             Error::Usage(format!("{}: output is not a file name", target.display()))
         })?;
@@ -275,58 +287,119 @@ impl TempOutput {
             .unwrap_or(0);
         // (the name's first 100 bytes or so: a file name holds at most 255)
         let name = name.to_string_lossy();
-        let stem = &name[..name.floor_char_boundary(100)];
+        let stem = name[..name.floor_char_boundary(100)].to_string();
+        let mut t = TempOutput {
+            tmp: None,
+            dir,
+            stem,
+            nanos,
+            target: target.to_path_buf(),
+            committed: false,
+        };
+        if let Some(f) = unnamed
+            .then(|| crate::ffi::create_unnamed(&t.dir))
+            .flatten()
+        {
+            return Ok((t, f));
+        }
+        let f = t.create_named()?;
+        Ok((t, f))
+    }
+
+    /// A new file of a temporary name beside the target (kept in `tmp`).
+    fn create_named(&mut self) -> Result<File> {
         for attempt in 0..100u32 {
-            let tmp = dir.join(format!(
-                ".{stem}.tmp-{}-{}-{}",
-                std::process::id(),
-                nanos,
-                attempt
-            ));
+            let tmp = self.temp_name(attempt);
             match std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(&tmp)
             {
                 Ok(f) => {
-                    return Ok((
-                        TempOutput {
-                            tmp,
-                            target: target.to_path_buf(),
-                            committed: false,
-                        },
-                        f,
-                    ))
+                    self.tmp = Some(tmp);
+                    return Ok(f);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(Error::io(&tmp, "create output", e)),
             }
         }
-        Err(Error::io(
-            target,
-            "create a temporary file beside it",
-            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
+        Err(self.names_taken())
+    }
+
+    fn temp_name(&self, attempt: u32) -> PathBuf {
+        self.dir.join(format!(
+            ".{}.tmp-{}-{}-{}",
+            self.stem,
+            std::process::id(),
+            self.nanos,
+            attempt
         ))
     }
 
+    fn names_taken(&self) -> Error {
+        Error::io(
+            &self.target,
+            "create a temporary file beside it",
+            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
+        )
+    }
+
+    /// Give the finished unnamed file a temporary name beside the target (or, where it
+    /// cannot be linked, a copy of it).
+    fn name_unnamed(&mut self, f: &mut File, sync: bool) -> Result<()> {
+        for attempt in 0..100u32 {
+            let tmp = self.temp_name(attempt);
+            match crate::ffi::link_unnamed(f, &tmp) {
+                Ok(()) => {
+                    self.tmp = Some(tmp);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(_) => {
+                    use std::io::Seek;
+                    let mut copy = self.create_named()?;
+                    let at = self.tmp.clone().unwrap_or_default();
+                    f.rewind()
+                        .and_then(|_| std::io::copy(f, &mut copy))
+                        .and_then(|_| if sync { copy.sync_all() } else { Ok(()) })
+                        .map_err(|e| Error::io(&at, "copy output", e))?;
+                    return Ok(());
+                }
+            }
+        }
+        Err(self.names_taken())
+    }
+
     /// Put the finished file at the target's path (after flushing it to disk if `sync`).
-    pub(crate) fn commit(mut self, f: File, sync: bool) -> Result<()> {
+    pub(crate) fn commit(mut self, mut f: File, sync: bool) -> Result<()> {
         if sync {
             f.sync_all()
-                .map_err(|e| Error::io(&self.tmp, "sync output", e))?;
+                .map_err(|e| Error::io(&self.target, "sync output", e))?;
+        }
+        let existing = std::fs::symlink_metadata(&self.target);
+        if self.tmp.is_none() {
+            // Nothing at the target: the file is given its name in one step (a link,
+            // which fails rather than replace what appeared there since).
+            if existing.is_err() && crate::ffi::link_unnamed(&f, &self.target).is_ok() {
+                self.committed = true;
+                return Ok(());
+            }
+            self.name_unnamed(&mut f, sync)?;
         }
         drop(f);
+        let tmp = self.tmp.clone().unwrap_or_default();
         // An existing file is exchanged with the new one, then removed under the temporary
         // name (renamed over, it would cost a write-out of the new file on ext4); anything
         // else, or where exchanging fails, is renamed over.
-        let existing = std::fs::symlink_metadata(&self.target).is_ok_and(|m| m.is_file());
-        if existing && crate::ffi::exchange_paths(&self.tmp, &self.target).is_ok() {
+        if existing.is_ok_and(|m| m.is_file())
+            && crate::ffi::exchange_paths(&tmp, &self.target).is_ok()
+        {
             self.committed = true;
             // (the old output, which is not an input: that was refused before)
-            let _ = std::fs::remove_file(&self.tmp);
+            let _ = std::fs::remove_file(&tmp);
             return Ok(());
         }
-        std::fs::rename(&self.tmp, &self.target)
+        std::fs::rename(&tmp, &self.target)
             .map_err(|e| Error::io(&self.target, "rename output", e))?;
         self.committed = true;
         Ok(())
@@ -335,8 +408,8 @@ impl TempOutput {
 
 impl Drop for TempOutput {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.tmp);
+        if let (false, Some(tmp)) = (self.committed, &self.tmp) {
+            let _ = std::fs::remove_file(tmp);
         }
     }
 }
@@ -1289,14 +1362,47 @@ mod tests {
 
     /// A finished output takes the place of what is at its path: a file (by exchange,
     /// which leaves the file's other hard links alone), a symbolic link (the link, not the
-    /// file it names), or nothing; no temporary is left, and the exchange swaps.
+    /// file it names), or nothing; no temporary is left, and the exchange swaps. The same
+    /// whether it was written unnamed (no name beside the target until the end), under a
+    /// temporary name (file systems without unnamed files), or unnamed where it cannot be
+    /// linked to the target (here another file system: it is copied).
     #[test]
     fn a_finished_output_replaces_what_was_there() {
+        for way in ["unnamed", "named", "elsewhere"] {
+            finished_output_replaces(way);
+        }
+    }
+
+    fn finished_output_replaces(way: &str) {
         use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
+        let shm = Path::new("/dev/shm");
+        if way == "elsewhere"
+            && !shm
+                .metadata()
+                .is_ok_and(|m| m.dev() != d.metadata().unwrap().dev())
+        {
+            println!("no other file system at hand: the copy is not tested");
+            return;
+        }
+        let names = |d: &Path| -> Vec<String> {
+            let mut v: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
         let commit = |target: &Path, text: &[u8]| {
-            let (tmp, mut f) = TempOutput::create(target).unwrap();
+            let before = names(d);
+            let (tmp, mut f) = TempOutput::create_as(target, way != "named").unwrap();
+            // (unnamed: nothing new in the directory while it is written)
+            assert_eq!(names(d) == before, way != "named", "{way}");
+            if way == "elsewhere" {
+                f = crate::ffi::create_unnamed(shm).unwrap();
+            }
             f.write_all(text).unwrap();
             tmp.commit(f, false).unwrap();
         };
@@ -1324,12 +1430,7 @@ mod tests {
         // nothing
         commit(&d.join("c"), b"new c");
         assert_eq!(std::fs::read(d.join("c")).unwrap(), b"new c");
-        let mut names: Vec<_> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["a", "a2", "b", "c", "l"]);
+        assert_eq!(names(d), ["a", "a2", "b", "c", "l"], "{way}");
     }
 
     /// A trace of 4,000 allocations whose stacks repeat, in codes 1000.. that mean

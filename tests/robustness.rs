@@ -1226,6 +1226,23 @@ fn not_a_trace_or_a_future_version_is_a_clear_error_naming_the_file() {
 // ---------------------------------------------------------------------------------------------
 // Nothing lost, nothing overwritten.
 
+/// Whether process `pid` ("self" for this one) has a merge's temporary output open in
+/// `dir`: a file of no name there (`O_TMPFILE`, which `/proc` shows as `dir/#N (deleted)`)
+/// or one named `.merged.ctf.tmp-*`.
+fn writing_in(pid: &str, dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|l| {
+            let name = l.file_name().unwrap_or_default().to_string_lossy();
+            l.parent() == Some(&dir)
+                && (name.starts_with(".merged.ctf.tmp-")
+                    || (name.starts_with('#') && name.ends_with(" (deleted)")))
+        })
+}
+
 /// Names in `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -1497,10 +1514,7 @@ fn an_interrupted_merge_leaves_nothing() {
         std::thread::spawn(move || {
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(60) {
-                if listing(&d)
-                    .iter()
-                    .any(|n| n.starts_with(".merged.ctf.tmp-"))
-                {
+                if writing_in("self", &d) {
                     INTERRUPT.store(true, Ordering::SeqCst);
                     return true;
                 }
@@ -1722,6 +1736,61 @@ fn an_unencodable_backtrace_does_not_fail_the_whole_merge() {
     assert!(rep.is_valid(), "{:?}", rep.problems);
 }
 
+/// A `memtrace-merge merge` of `fork/` three times into `out`, once it has its temporary
+/// output open (stderr to `stderr`).
+fn merge_started(out: &Path, stderr: Stdio) -> std::process::Child {
+    let mut child = Command::new(bin())
+        .args(["merge", "-q", "-o"])
+        .arg(out)
+        .args([data("fork"), data("fork"), data("fork")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let dir = out.parent().unwrap();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(60) {
+        if writing_in(&child.id().to_string(), dir) {
+            return child;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("no temporary output seen");
+}
+
+/// SIGKILL (or a crash, or the machine's out-of-memory killer) to a running merge, which
+/// has no chance to clean up: its output was written unnamed, so nothing is left beside
+/// the output path, and what was there is untouched.
+#[test]
+fn a_killed_cli_merge_leaves_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    for earlier in [Some(&b"earlier"[..]), None] {
+        let dir = scratch();
+        let d = dir.path();
+        let out = d.join("merged.ctf");
+        if let Some(text) = earlier {
+            std::fs::write(&out, text).unwrap();
+        }
+        let mut child = merge_started(&out, Stdio::null());
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        match earlier {
+            Some(text) => {
+                assert_eq!(listing(d), vec!["merged.ctf".to_string()], "left behind");
+                assert_eq!(std::fs::read(&out).unwrap(), text);
+            }
+            None => assert_eq!(listing(d), Vec::<String>::new(), "left behind"),
+        }
+    }
+}
+
 /// SIGINT or SIGTERM to a running `memtrace-merge merge`: it stops, removes its temporary
 /// output, writes nothing at the output path and exits 130 with one line.
 #[test]
@@ -1731,28 +1800,7 @@ fn a_signalled_cli_merge_leaves_nothing() {
         let d = dir.path();
         let out = d.join("merged.ctf");
         std::fs::write(&out, b"earlier").unwrap();
-        let mut child = Command::new(bin())
-            .args(["merge", "-q", "-o"])
-            .arg(&out)
-            .args([data("fork"), data("fork"), data("fork")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        let mut seen = false;
-        while t.elapsed() < Duration::from_secs(60) {
-            if listing(d).iter().any(|n| n.starts_with(".merged.ctf.tmp-")) {
-                seen = true;
-                break;
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        assert!(seen, "no temporary output seen");
+        let child = merge_started(&out, Stdio::piped());
         unsafe { libc::kill(child.id() as libc::pid_t, sig) };
         let o = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);
