@@ -21,6 +21,9 @@ pub struct CompareOptions {
     /// Every merged backtrace has its source's root frame (`--tag-processes`): each
     /// source's backtraces are compared with that frame first.
     pub tagged: bool,
+    /// A source of one stream (formats 1-2, or one domain) that ends in an error counts as
+    /// far as it reads, as the merge takes it, rather than fail the comparison.
+    pub readable_part: bool,
 }
 
 /// One allocation's identity, hashed to 128 bits.
@@ -51,6 +54,20 @@ pub fn allocations<R: Read>(
     reader: &mut Reader<R>,
     root: Option<&Location>,
 ) -> Result<(Vec<(Digest, u64)>, u64)> {
+    let (list, bad, error) = allocations_upto(reader, root, false);
+    match error {
+        Some(e) => Err(e),
+        None => Ok((list, bad)),
+    }
+}
+
+/// [`allocations`] as far as the trace reads: with `stop_at_error`, an error ends the
+/// list (and is returned beside it) rather than replace it.
+fn allocations_upto<R: Read>(
+    reader: &mut Reader<R>,
+    root: Option<&Location>,
+    stop_at_error: bool,
+) -> (Vec<(Digest, u64)>, u64, Option<crate::Error>) {
     let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
@@ -59,7 +76,19 @@ pub fn allocations<R: Read>(
     let finish = |out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>| {
         out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
     };
-    while let Some((ev, table)) = reader.next_with_locations()? {
+    let mut error = None;
+    loop {
+        let (ev, table) = match reader.next_with_locations() {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            Err(e) => {
+                error = Some(e);
+                if stop_at_error {
+                    break;
+                }
+                return (out, bad, error);
+            }
+        };
         match ev {
             Event::Alloc(a) => {
                 let mut fh = Vec::with_capacity(a.backtrace.len() + 1);
@@ -98,7 +127,7 @@ pub fn allocations<R: Read>(
     for (_, p) in rest {
         finish(&mut out, p, None);
     }
-    Ok((out, bad))
+    (out, bad, error)
 }
 
 fn resolve_hash(table: &LocationTable, c: LocationCode) -> u128 {
@@ -130,6 +159,9 @@ pub struct CompareReport {
     pub merged_bad_events: u64,
     /// Warnings reading the merged trace (skipped packets, ...), which a merge never causes.
     pub merged_warnings: u64,
+    /// Sources that ended in an error, taken as far as they read
+    /// ([`CompareOptions::readable_part`]).
+    pub sources_cut: u64,
 }
 
 impl CompareReport {
@@ -158,7 +190,14 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
         let mut r = Reader::open(p)?;
         let thin = opts.thinned && rate > slowest;
         let tag = opts.tagged.then(|| crate::merge::process_tag(p, r.info()));
-        let (list, _) = allocations(&mut r, tag.as_ref())?;
+        let one_stream = r.info().version < 3 || crate::reader::scan_domains(p)?.len() == 1;
+        let (list, _, error) = allocations_upto(&mut r, tag.as_ref(), true);
+        if let Some(e) = error {
+            if !(opts.readable_part && one_stream) {
+                return Err(e);
+            }
+            rep.sources_cut += 1;
+        }
         for (d, ns) in list {
             rep.source_allocs += 1;
             rep.source_samples += ns;

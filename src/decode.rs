@@ -202,6 +202,8 @@ pub(crate) struct DecodeReport {
     pub skipped_packets: u64,
     /// Packets after the info packet (read or skipped).
     pub packets: u64,
+    /// A stream of the input stopped at an error before its end.
+    pub stopped_at_error: bool,
 }
 
 /// The room one encoding made ahead may take: a packet's, but for its header and the
@@ -518,6 +520,7 @@ impl Decoder {
                         let into = &mut reports[k];
                         into.skipped_packets += r.skipped_packets;
                         into.packets += r.packets;
+                        into.stopped_at_error |= r.stopped_at_error;
                         for w in r.warnings.list {
                             into.warnings.push(w);
                         }
@@ -875,6 +878,7 @@ fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
             s.rep
                 .warnings
                 .push(format!("stopped reading after an error: {e}"));
+            s.rep.stopped_at_error = true;
             b.last = true;
         }
     }

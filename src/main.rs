@@ -89,6 +89,10 @@ enum Cmd {
         /// The merge was made with --tag-processes: each backtrace starts with its source's frame
         #[arg(long)]
         tagged: bool,
+        /// A source (of one stream) that ends in an error counts as far as it reads, as the
+        /// merge takes it
+        #[arg(long)]
+        readable_part: bool,
     },
     /// Re-encode a trace in file order (byte-identical when the format is kept; several
     /// format-3 domains to format 2: in time order)
@@ -192,14 +196,24 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             sources,
             thinned,
             tagged,
+            readable_part,
         } => {
             let sources = memtrace_merge::merge::expand_inputs(&sources)?;
-            let opts = memtrace_merge::compare::CompareOptions { thinned, tagged };
+            let opts = memtrace_merge::compare::CompareOptions {
+                thinned,
+                tagged,
+                readable_part,
+            };
             let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
             println!(
-                "sources: {} allocs, {} samples; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}",
+                "sources: {} allocs, {} samples{}; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}",
                 r.source_allocs,
                 r.source_samples,
+                if r.sources_cut > 0 {
+                    format!(" ({} taken as far as they read)", r.sources_cut)
+                } else {
+                    String::new()
+                },
                 r.merged_allocs,
                 r.merged_samples,
                 r.missing,

@@ -167,6 +167,9 @@ pub struct InputReport {
     pub cut_backtraces: u64,
     /// Left out entirely (unreadable, with `skip_bad_inputs`).
     pub skipped: bool,
+    /// Reading stopped at an error before the input's end (a warning says where): what
+    /// came before it was merged, the rest left out.
+    pub stopped_at_error: bool,
     /// Reader warnings and merge notes about this input.
     pub warnings: Vec<String>,
 }
@@ -983,6 +986,7 @@ fn merge_attempt(
     }
     for (st, d) in states.iter_mut().zip(decoded) {
         st.report.skipped_packets = d.skipped_packets;
+        st.report.stopped_at_error = d.stopped_at_error;
         st.report.warnings = d.warnings.list;
         let n = st.report.cut_backtraces;
         if n > 0 {

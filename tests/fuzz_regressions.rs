@@ -1,17 +1,20 @@
 //! Every input the fuzz targets (`fuzz/`) found a crash with, run through the same harnesses:
 //! `tests/data/fuzz/*.trace` as one trace through the reader, `check`, `dump` and `summary`;
 //! `*.pair` as two traces (split at the fuzz target's separator, else in half) merged, the
-//! output checked. Each must end in a clean `Err` or a valid result, never a panic or a hang.
+//! output checked and compared with the inputs taken, each as far as it reads
+//! (`fuzz_harness/merge.rs`, the merge target's own body). Each must end in a clean `Err`
+//! or a valid result, never a panic or a hang.
 
 use memtrace_merge::check::{check, check_file, CheckOptions};
 use memtrace_merge::merge::{merge, MergeOptions};
-use memtrace_merge::{dump, summary, Error, Reader};
+use memtrace_merge::{dump, summary, Reader};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The merge fuzz target's separator of its two inputs.
-const SEP: &[u8] = b"\n--memtrace-merge-fuzz-split--\n";
+#[path = "fuzz_harness/merge.rs"]
+mod harness;
+use harness::SEP;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz")
@@ -37,52 +40,10 @@ fn check_harness(data: &[u8]) {
     }
 }
 
-fn split(data: &[u8]) -> (&[u8], &[u8]) {
-    match data.windows(SEP.len()).position(|w| w == SEP) {
-        Some(i) => (&data[..i], &data[i + SEP.len()..]),
-        None => data.split_at(data.len() / 2),
-    }
-}
-
-/// The merge fuzz target's body; returns the reports of the merges that succeeded.
+/// The merge fuzz target's body, in a fresh directory.
 fn merge_harness(data: &[u8]) -> Vec<memtrace_merge::merge::MergeReport> {
-    let (a, b) = split(data);
     let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let pa = d.join("a.ctf");
-    let pb = d.join("b.ctf");
-    let out = d.join("out.ctf");
-    std::fs::write(&pa, a).unwrap();
-    std::fs::write(&pb, b).unwrap();
-    let inputs: Vec<PathBuf> = vec![pa, pb];
-    let mut reports = Vec::new();
-    for skip_bad_inputs in [false, true] {
-        let opts = MergeOptions {
-            skip_bad_inputs,
-            format: if data.len().is_multiple_of(2) {
-                None
-            } else {
-                Some(3)
-            },
-            ..Default::default()
-        };
-        match merge(&inputs, &out, &opts) {
-            Ok(r) => {
-                let rep = check_file(&out, &CheckOptions::default()).expect("readable");
-                assert!(rep.is_valid(), "merged output invalid: {:?}", rep.problems);
-                std::fs::remove_file(&out).unwrap();
-                reports.push(r);
-            }
-            Err(e) => {
-                assert!(!out.exists(), "failed merge left an output: {e}");
-                if let Error::Malformed { at, .. } = &e {
-                    assert!(at.file.ends_with(".ctf"), "{e}");
-                }
-            }
-        }
-        assert_eq!(std::fs::read_dir(d).unwrap().count(), 2, "leftover files");
-    }
-    reports
+    harness::merge_pair(data, tmp.path())
 }
 
 fn inputs(ext: &str) -> Vec<PathBuf> {

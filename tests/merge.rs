@@ -110,6 +110,7 @@ fn merge_and_compare_as(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport 
         CompareOptions {
             thinned: false,
             tagged: opts.tag_processes,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -253,6 +254,7 @@ fn tagged_processes_get_a_root_frame_naming_them() {
     let tagged = CompareOptions {
         thinned: false,
         tagged: true,
+        ..Default::default()
     };
     let c = compare(&others, &out, tagged).unwrap();
     assert!(
@@ -642,6 +644,7 @@ fn thinned_by_slow(input: &Path) -> (tempfile::TempDir, PathBuf, CompareReport) 
     let opts = CompareOptions {
         thinned: true,
         tagged: false,
+        ..Default::default()
     };
     let c = compare(&inputs, &out, opts).unwrap();
     (dir, out, c)
@@ -787,6 +790,7 @@ fn rates_are_thinned_to_the_slowest() {
     let thinned = CompareOptions {
         thinned: true,
         tagged: false,
+        ..Default::default()
     };
     let c = compare(&both, &out, thinned).unwrap();
     assert!(c.equal() && c.dropped > 0 && c.dropped + c.merged_allocs == c.source_allocs);

@@ -960,6 +960,45 @@ fn merge_damaged(
     (report.inputs[0].clone(), text)
 }
 
+/// A source that ends in an error (here a packet header whose size says 0) is merged as far
+/// as it reads, and the input's report says that reading stopped; `compare` fails on such a
+/// source unless told to take it as far as it reads, and then finds the merge equal to it
+/// (and a merge with another trace equal to both, not to it alone).
+#[test]
+fn a_source_ending_in_an_error_compares_as_far_as_it_reads() {
+    let (b, p) = child2();
+    let dir = scratch();
+    let d = dir.path();
+    let at = p[8].off;
+    let mut damaged = b.clone();
+    set_u32(&mut damaged, at + SIZE, 0);
+    let src = d.join("damaged.ctf");
+    std::fs::write(&src, &damaged).unwrap();
+    let out = d.join("merged.ctf");
+    let report = {
+        let _g = merge_lock();
+        merge(std::slice::from_ref(&src), &out, &MergeOptions::default()).unwrap()
+    };
+    assert!(report.inputs[0].stopped_at_error, "{:?}", report.inputs[0]);
+    let sources = [src, data("fork/child-4.ctf")];
+    let strict = compare(&sources[..1], &out, CompareOptions::default());
+    assert!(strict.is_err(), "{strict:?}");
+    let lenient = CompareOptions {
+        readable_part: true,
+        ..Default::default()
+    };
+    let c = compare(&sources[..1], &out, lenient).unwrap();
+    assert!(c.equal() && c.sources_cut == 1, "{c:?}");
+    assert_eq!(c.merged_allocs, 6407);
+    let both = d.join("both.ctf");
+    {
+        let _g = merge_lock();
+        merge(&sources, &both, &MergeOptions::default()).unwrap();
+    }
+    assert!(!compare(&sources[..1], &both, lenient).unwrap().equal());
+    assert!(compare(&sources, &both, lenient).unwrap().equal());
+}
+
 fn child2() -> (Vec<u8>, Vec<Pkt>) {
     let b = std::fs::read(data("fork/child-2.ctf")).unwrap();
     let p = packets(&b);
@@ -980,6 +1019,7 @@ fn killed_workers_keep_every_complete_event() {
     let (r, _) = merge_damaged(dir, &b[..at], &b[..at], &o);
     assert_eq!((r.skipped_packets, r.warnings.len()), (0, 0), "{r:?}");
     assert_eq!(r.allocs, 6407);
+    assert!(!r.stopped_at_error);
 
     // only its info packet: no events, nothing skipped
     let (r, _) = merge_damaged(dir, &b[..p[0].end()], &b[..p[0].end()], &o);
@@ -988,6 +1028,7 @@ fn killed_workers_keep_every_complete_event() {
     // cut inside a packet body: that packet is skipped, and said so
     let (r, text) = merge_damaged(dir, &b[..at + 5000], &b[..at], &o);
     assert_eq!(r.skipped_packets, 1, "{r:?}");
+    assert!(!r.stopped_at_error, "a skipped packet is not an error");
     assert!(
         r.warnings
             .iter()
@@ -1039,6 +1080,7 @@ fn killed_workers_keep_every_complete_event() {
         "{:?}",
         r.warnings
     );
+    assert!(r.stopped_at_error, "{r:?}");
     // a packet with no events (size = its header), consistent with its neighbours: harmless
     let mut d = b[..at].to_vec();
     let mut h = b[at..at + p[k].hs].to_vec();

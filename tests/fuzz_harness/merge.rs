@@ -1,0 +1,99 @@
+//! The merge fuzz target's body, shared by the target (`fuzz/fuzz_targets/merge.rs`) and the
+//! replay of its findings (`tests/fuzz_regressions.rs`): two traces merged, the output
+//! checked and compared with the inputs taken.
+
+use memtrace_merge::check::{check_file, CheckOptions};
+use memtrace_merge::compare::{compare, CompareOptions};
+use memtrace_merge::merge::{merge, MergeOptions, MergeReport};
+use memtrace_merge::reader::scan_domains;
+use memtrace_merge::Error;
+use std::path::{Path, PathBuf};
+
+/// Separates the two inputs in a fuzz case (the seed corpus uses it too).
+pub const SEP: &[u8] = b"\n--memtrace-merge-fuzz-split--\n";
+
+/// `A SEP B`, or split in half when there is no SEP.
+pub fn split(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.windows(SEP.len()).position(|w| w == SEP) {
+        Some(i) => (&data[..i], &data[i + SEP.len()..]),
+        None => data.split_at(data.len() / 2),
+    }
+}
+
+/// Write the two traces of `data` into the empty directory `d` and merge them, with and
+/// without `skip_bad_inputs` (format 3 when `data`'s length is odd, backtraces encoded
+/// ahead when it is a multiple of 3). Each merge must end in a clean `Err`, leaving no
+/// output, or write a trace that `check` finds valid and that holds exactly the
+/// allocations of the inputs it took (thinning allowed), each as far as it reads; either
+/// way, no temporary file is left. Returns the reports of the merges that succeeded.
+pub fn merge_pair(data: &[u8], d: &Path) -> Vec<MergeReport> {
+    let (a, b) = split(data);
+    let pa = d.join("a.ctf");
+    let pb = d.join("b.ctf");
+    let out = d.join("out.ctf");
+    std::fs::write(&pa, a).unwrap();
+    std::fs::write(&pb, b).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let inputs: Vec<PathBuf> = vec![pa, pb];
+    let mut reports = Vec::new();
+    for skip_bad_inputs in [false, true] {
+        let opts = MergeOptions {
+            skip_bad_inputs,
+            format: if data.len().is_multiple_of(2) {
+                None
+            } else {
+                Some(3)
+            },
+            // (backtraces encoded ahead, in shares, whenever two streams share a domain)
+            encode_ahead: data.len().is_multiple_of(3).then_some(true),
+            ..Default::default()
+        };
+        match merge(&inputs, &out, &opts) {
+            Ok(report) => {
+                let rep =
+                    check_file(&out, &CheckOptions::default()).expect("merged output readable");
+                assert!(rep.is_valid(), "merged output invalid: {:?}", rep.problems);
+                same_allocations(&report, &out);
+                std::fs::remove_file(&out).unwrap();
+                reports.push(report);
+            }
+            Err(e) => {
+                assert!(!out.exists(), "failed merge left an output: {e}");
+                if let Error::Malformed { at, .. } = &e {
+                    assert!(at.file.ends_with(".ctf"), "{e}");
+                }
+            }
+        }
+        let n = std::fs::read_dir(d).unwrap().count();
+        assert_eq!(n, 2, "leftover files in the output directory");
+    }
+    reports
+}
+
+/// The merged trace `out` holds exactly the allocations of the inputs `report` took, each
+/// as far as it reads. Not checked when a format-3 input of several domains stopped at an
+/// error: the merge reads those a domain at a time, and a domain's stream can stop at an
+/// error that a reading of the whole file does not meet (a code defined only in another
+/// domain's packets, which no writer makes), nor when an input does not read to its end
+/// in one stream either.
+fn same_allocations(report: &MergeReport, out: &Path) {
+    let taken: Vec<PathBuf> = report
+        .inputs
+        .iter()
+        .filter(|i| !i.skipped)
+        .map(|i| i.path.clone())
+        .collect();
+    let apart = report
+        .inputs
+        .iter()
+        .any(|i| i.stopped_at_error && scan_domains(&i.path).map_or(true, |d| d.len() > 1));
+    let opts = CompareOptions {
+        thinned: true,
+        tagged: false,
+        readable_part: true,
+    };
+    if let (false, Ok(c)) = (apart, compare(&taken, out, opts)) {
+        assert!(c.equal(), "merged allocations differ: {c:?}");
+        assert_eq!(c.merged_allocs, report.allocs, "{c:?}");
+    }
+}
