@@ -21,8 +21,10 @@ pub struct CompareOptions {
     /// Every merged backtrace has its source's root frame (`--tag-processes`): each
     /// source's backtraces are compared with that frame first.
     pub tagged: bool,
-    /// A source of one stream (formats 1-2, or one domain) that ends in an error counts as
-    /// far as it reads, as the merge takes it, rather than fail the comparison.
+    /// Sources are read as the merge reads them, and one that ends in an error counts as
+    /// far as it reads rather than fail the comparison: a format-3 source a domain at a
+    /// time, each domain to its end or its first error, the domains' events then taken in
+    /// time order (holding them all in memory).
     pub readable_part: bool,
 }
 
@@ -91,15 +93,7 @@ fn allocations_upto<R: Read>(
         };
         match ev {
             Event::Alloc(a) => {
-                let mut fh = Vec::with_capacity(a.backtrace.len() + 1);
-                fh.extend(root);
-                for c in a.backtrace {
-                    let h = *frame_hash
-                        .entry(*c)
-                        .or_insert_with(|| resolve_hash(table, *c));
-                    fh.push(h);
-                }
-                let base = h128(&(a.time.0, a.source as u8, a.length, fh));
+                let base = alloc_digest(&a, table, root, &mut frame_hash);
                 if let Some(old) = live.insert(
                     a.id.0,
                     Partial {
@@ -128,6 +122,130 @@ fn allocations_upto<R: Read>(
         finish(&mut out, p, None);
     }
     (out, bad, error)
+}
+
+/// What [`by_domain`] keeps of an event: an allocation's digest but for its promote and
+/// collect times (and its samples), or the time of a promote or collect.
+enum Kept {
+    Alloc(u128, u64),
+    Promote,
+    Collect,
+}
+
+/// [`allocations`] of a format-3 trace read as the merge reads it: each domain on its own
+/// (its packets alone, to its end or to an error, which ends only that domain: true when
+/// one did), the domains' events then taken in time order (ties in the order of the
+/// domains), a promote or collect of an object not yet allocated waiting for it until its
+/// microsecond ends. Holds every event of the trace in memory.
+fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>, bool)> {
+    let root = root.map(|l| list_hash(std::slice::from_ref(l)));
+    let mut events: Vec<(u64, usize, u64, Kept)> = Vec::new();
+    let mut cut = false;
+    for (k, d) in crate::reader::scan_domains(path)?.into_iter().enumerate() {
+        let mut r = Reader::open(path)?;
+        r.set_domain_filter(Some(d));
+        let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
+        loop {
+            let (ev, table) = match r.next_with_locations() {
+                Ok(Some(e)) => e,
+                Ok(None) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            };
+            let (time, id, kept) = match ev {
+                Event::Alloc(a) => {
+                    let base = alloc_digest(&a, table, root, &mut frame_hash);
+                    (a.time.0, a.id.0, Kept::Alloc(base, a.nsamples))
+                }
+                Event::Promote { time, id, .. } => (time.0, id.0, Kept::Promote),
+                Event::Collect { time, id, .. } => (time.0, id.0, Kept::Collect),
+            };
+            events.push((time, k, id, kept));
+        }
+    }
+    // (stable: each domain's own order kept)
+    events.sort_by_key(|e| (e.0, e.1));
+    let mut live: IntMap<u64, Partial> = IntMap::default();
+    let mut out = Vec::new();
+    let finish = |out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>| {
+        out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
+    };
+    // (promote or collect, of an object not live: id, time, whether a collect)
+    let mut waiting: Vec<(u64, u64, bool)> = Vec::new();
+    let follow = |live: &mut IntMap<u64, Partial>,
+                  out: &mut Vec<(Digest, u64)>,
+                  id: u64,
+                  time: u64,
+                  collect: bool| {
+        if collect {
+            match live.remove(&id) {
+                Some(p) => finish(out, p, Some(time)),
+                None => return false,
+            }
+        } else {
+            match live.get_mut(&id) {
+                Some(p) => {
+                    p.promote.get_or_insert(time);
+                }
+                None => return false,
+            }
+        }
+        true
+    };
+    for (time, _, id, kept) in events {
+        // (those waiting from an earlier microsecond: never allocated in theirs)
+        waiting.retain(|w| w.1 >= time);
+        match kept {
+            Kept::Alloc(base, nsamples) => {
+                let p = Partial {
+                    base,
+                    nsamples,
+                    promote: None,
+                };
+                if let Some(old) = live.insert(id, p) {
+                    finish(&mut out, old, None);
+                }
+                while let Some(k) = waiting.iter().position(|w| w.0 == id) {
+                    let (_, t, collect) = waiting.remove(k);
+                    follow(&mut live, &mut out, id, t, collect);
+                }
+            }
+            Kept::Promote | Kept::Collect => {
+                let collect = matches!(kept, Kept::Collect);
+                if !follow(&mut live, &mut out, id, time, collect) {
+                    waiting.push((id, time, collect));
+                }
+            }
+        }
+    }
+    let mut rest: Vec<_> = live.into_iter().collect();
+    rest.sort_by_key(|(id, _)| *id);
+    for (_, p) in rest {
+        finish(&mut out, p, None);
+    }
+    Ok((out, cut))
+}
+
+/// An allocation's digest but for its samples, promote and collect: time, kind, length and
+/// backtrace as resolved locations (`root`'s hash first, if any; each code's hash kept in
+/// `frame_hash`).
+fn alloc_digest(
+    a: &crate::event::Alloc<'_>,
+    table: &LocationTable,
+    root: Option<u128>,
+    frame_hash: &mut IntMap<LocationCode, u128>,
+) -> u128 {
+    let mut fh = Vec::with_capacity(a.backtrace.len() + 1);
+    fh.extend(root);
+    for c in a.backtrace {
+        let h = *frame_hash
+            .entry(*c)
+            .or_insert_with(|| resolve_hash(table, *c));
+        fh.push(h);
+    }
+    h128(&(a.time.0, a.source as u8, a.length, fh))
 }
 
 fn resolve_hash(table: &LocationTable, c: LocationCode) -> u128 {
@@ -190,14 +308,17 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
         let mut r = Reader::open(p)?;
         let thin = opts.thinned && rate > slowest;
         let tag = opts.tagged.then(|| crate::merge::process_tag(p, r.info()));
-        let one_stream = r.info().version < 3 || crate::reader::scan_domains(p)?.len() == 1;
-        let (list, _, error) = allocations_upto(&mut r, tag.as_ref(), true);
-        if let Some(e) = error {
-            if !(opts.readable_part && one_stream) {
-                return Err(e);
+        let (list, cut) = if opts.readable_part && r.info().version >= 3 {
+            drop(r);
+            by_domain(p, tag.as_ref())?
+        } else {
+            let (list, _, error) = allocations_upto(&mut r, tag.as_ref(), true);
+            match error {
+                Some(e) if !opts.readable_part => return Err(e),
+                e => (list, e.is_some()),
             }
-            rep.sources_cut += 1;
-        }
+        };
+        rep.sources_cut += cut as u64;
         for (d, ns) in list {
             rep.source_allocs += 1;
             rep.source_samples += ns;

@@ -437,6 +437,10 @@ struct Stream {
     many_pos: usize,
     /// its events' bits of [`order_key`] below the time and rank
     key_bits: u128,
+    /// The stream's codes that mean something else in the merged trace, with their new
+    /// codes: a stream's own, as each domain of a format-3 input is read with a location
+    /// table of its own, and two may give one code different meanings.
+    remap: IntMap<LocationCode, LocationCode>,
 }
 
 impl Stream {
@@ -483,8 +487,6 @@ struct InputState {
     report: InputReport,
     /// Source object id → merged id (DROPPED when thinned away); only live objects.
     live: LiveObjects,
-    /// The input's codes that mean something else in the merged trace, with their new codes.
-    remap: IntMap<LocationCode, LocationCode>,
     thinner: Option<Thinner>,
     tag: Option<LocationCode>,
     /// the merging thread's warnings (the decoder keeps its own)
@@ -826,7 +828,6 @@ fn merge_attempt(
                 ..Default::default()
             },
             live: LiveObjects::default(),
-            remap: IntMap::default(),
             thinner: None,
             tag: None,
             warnings: Warnings::default(),
@@ -883,6 +884,7 @@ fn merge_attempt(
                 miss_pos: 0,
                 many_pos: 0,
                 key_bits: order_key(0, k, 0, streams.len()),
+                remap: IntMap::default(),
             });
             bts.push(Backtrace {
                 frames: st.tag.into_iter().collect(),
@@ -1110,7 +1112,7 @@ fn merge_streams(
                 let (m, remapped) = codes.map(*code, locs);
                 if remapped {
                     st.report.remapped_codes += 1;
-                    st.remap.insert(*code, m);
+                    s.remap.insert(*code, m);
                 }
                 s.loc_pos += 1;
             }
@@ -1135,7 +1137,7 @@ fn merge_streams(
                         s.miss_pos += 1;
                     }
                     let sent = &s.batch.misses[first..s.miss_pos];
-                    merged_misses(&st.remap, &mut s.batch.enc, sent, &mut missed);
+                    merged_misses(&s.remap, &mut s.batch.enc, sent, &mut missed);
                     st.report.allocs += 1;
                     st.report.samples_read += nsamples;
                     let out_id = w.put_alloc_encoded(
@@ -1175,10 +1177,10 @@ fn merge_streams(
                     bt.hints.resize(keep, 0);
                     bt.hints
                         .extend_from_slice(&s.batch.slots[f..f + new as usize]);
-                    if st.remap.is_empty() {
+                    if s.remap.is_empty() {
                         bt.frames.extend_from_slice(fresh);
                     } else {
-                        let remap = &st.remap;
+                        let remap = &s.remap;
                         bt.frames
                             .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
                     }

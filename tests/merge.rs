@@ -4,6 +4,7 @@
 
 use memtrace_merge::compare::{allocations, compare, CompareOptions, CompareReport, Digest};
 use memtrace_merge::merge::{merge, MergeOptions, MergeReport, RateMismatch};
+use memtrace_merge::reader::scan_domains;
 use memtrace_merge::{
     AllocSource, DomainId, Event, Location, LocationCode, LocationList, Reader, Timestamp,
     TraceInfo, Writer, WriterOptions,
@@ -495,6 +496,71 @@ fn colliding_pair(dir: &Path) -> (PathBuf, PathBuf) {
     write_synthetic(&a, 1, 1_000_000, "alpha.ml", 0);
     write_synthetic(&b, 2, 1_000_010, "beta.ml", 0);
     (a, b)
+}
+
+/// A format-3 trace whose two domains give the same codes different locations (which the
+/// reference reader, with one table per trace, refuses; read a domain at a time, each
+/// domain is consistent): the merge keeps each domain's meanings for its own allocations,
+/// and a domain that redefines a code the other remapped keeps its own meaning, rather
+/// than take the other's.
+#[test]
+fn codes_a_domain_means_otherwise_stay_with_their_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("domains.ctf");
+    let mut w = lossless_writer(&src, 3, 7, "two.exe");
+    let files = ["zero.ml", "one.ml"];
+    let mut t = 1_000_000;
+    for k in 0..600u64 {
+        // domain 0 first, then the two in turns, then domain 0 again
+        let d = match k {
+            0..100 => 0,
+            500.. => 0,
+            _ => (k % 2) as u16,
+        };
+        t += 11;
+        let bt: Vec<LocationCode> = (0..(1 + k % 5))
+            .map(|i| LocationCode(100 + (k + i) % 10))
+            .collect();
+        let file = files[d as usize];
+        let resolve = |c: LocationCode| Some(locs(file, &format!("f{}", c.0), c.0 as u32));
+        w.put_alloc(
+            Timestamp(t),
+            DomainId(d),
+            1 + k % 9,
+            1,
+            AllocSource::Minor,
+            &bt,
+            resolve,
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    assert_eq!(scan_domains(&src).unwrap(), vec![0, 1]);
+    let (_d, out, r) = merged(std::slice::from_ref(&src), &MergeOptions::default());
+    assert_eq!(r.remapped_codes, 10, "{r:?}");
+    let mut rd = Reader::open(&out).unwrap();
+    let mut seen = [0u64; 2];
+    while let Some((ev, table)) = rd.next_with_locations().unwrap() {
+        if let memtrace_merge::Event::Alloc(al) = ev {
+            let d = al.domain.0 as usize;
+            seen[d] += 1;
+            for c in al.backtrace {
+                assert_eq!(
+                    &*table[c][0].filename,
+                    files[d].as_bytes(),
+                    "a domain {d} allocation at {}",
+                    al.time.0
+                );
+            }
+        }
+    }
+    assert_eq!(seen, [400, 200]);
+    let lenient = CompareOptions {
+        readable_part: true,
+        ..Default::default()
+    };
+    let c = compare(std::slice::from_ref(&src), &out, lenient).unwrap();
+    assert!(c.equal() && c.merged_allocs == 600, "{c:?}");
 }
 
 #[test]
@@ -1221,8 +1287,20 @@ fn same_microsecond_collect_by_another_domain_follows_its_allocation() {
             "format {format}: {:?}",
             r.inputs[0].warnings
         );
-        // (compare reads the source in file order, where the collection comes first: check
-        // the merged events directly)
+        // (compare reads the source in file order, where the collection comes first, unless
+        // it reads it as the merge does, a domain at a time and in time order; and the
+        // merged events directly)
+        let whole = compare(std::slice::from_ref(&p), &out, CompareOptions::default()).unwrap();
+        assert!(!whole.equal(), "{whole:?}");
+        let as_merged = CompareOptions {
+            readable_part: true,
+            ..Default::default()
+        };
+        let c = compare(std::slice::from_ref(&p), &out, as_merged).unwrap();
+        assert!(
+            c.equal() && c.merged_allocs == 2 && c.sources_cut == 0,
+            "{c:?}"
+        );
         let mut rd = Reader::open(&out).unwrap();
         let mut evs = Vec::new();
         while let Some(ev) = rd.next_event().unwrap() {
