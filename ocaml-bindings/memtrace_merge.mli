@@ -115,7 +115,8 @@ val merge :
 (** [merge ~output inputs] merges the traces [inputs] into one trace written to [output].
     Events are interleaved by time, object ids renumbered, location codes kept or remapped
     so that every backtrace means what it meant in its input. The output is written to a
-    temporary file beside [output] and renamed when complete.
+    temporary file beside [output] (of no name, where the file system has them, so that
+    even a killed process leaves none) and put in its place when complete.
 
     @param inputs trace files, or directories whose [*.ctf] files are taken in name order.
     Paths are byte strings: they need not be UTF-8.

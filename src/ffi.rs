@@ -257,8 +257,9 @@ pub struct MemtraceMergeReport {
 }
 
 /// Merge `n_inputs` traces (files, or directories whose `*.ctf` files are taken in name order)
-/// into `output`, written to a temporary file beside it and renamed at the end: on failure no
-/// output is left behind. Blocks until done; safe to call from several threads at once (on
+/// into `output`, written to a temporary file (of no name, where the file system has them)
+/// beside it and put in its place at the end: on failure, even a killed process's, no output
+/// is left behind. Blocks until done; safe to call from several threads at once (on
 /// different outputs) and in a forked child.
 ///
 /// - `inputs`: `n_inputs` non-empty NUL-terminated paths (any bytes: paths need not be UTF-8).
