@@ -21,7 +21,7 @@ pub fn split(data: &[u8]) -> (&[u8], &[u8]) {
 
 /// Write the two traces of `data` into the empty directory `d` and merge them, with and
 /// without `skip_bad_inputs` (format 3 when `data`'s length is odd, backtraces encoded
-/// ahead when it is a multiple of 3). Each merge must end in a clean `Err`, leaving no
+/// ahead when it is a multiple of 3, processes tagged when a multiple of 5). Each merge must end in a clean `Err`, leaving no
 /// output, or write a trace that `check` finds valid and that holds exactly the
 /// allocations of the inputs it took (thinning allowed), each as far as it reads; either
 /// way, no temporary file is left. Returns the reports of the merges that succeeded.
@@ -45,6 +45,7 @@ pub fn merge_pair(data: &[u8], d: &Path) -> Vec<MergeReport> {
             },
             // (backtraces encoded ahead, in shares, whenever two streams share a domain)
             encode_ahead: data.len().is_multiple_of(3).then_some(true),
+            tag_processes: data.len().is_multiple_of(5),
             ..Default::default()
         };
         match merge(&inputs, &out, &opts) {
@@ -52,7 +53,7 @@ pub fn merge_pair(data: &[u8], d: &Path) -> Vec<MergeReport> {
                 let rep =
                     check_file(&out, &CheckOptions::default()).expect("merged output readable");
                 assert!(rep.is_valid(), "merged output invalid: {:?}", rep.problems);
-                same_allocations(&report, &out);
+                same_allocations(&report, &out, opts.tag_processes);
                 std::fs::remove_file(&out).unwrap();
                 reports.push(report);
             }
@@ -71,7 +72,7 @@ pub fn merge_pair(data: &[u8], d: &Path) -> Vec<MergeReport> {
 
 /// The merged trace `out` holds exactly the allocations of the inputs `report` took, each
 /// read as the merge reads it (a format-3 input a domain at a time) and as far as it reads.
-fn same_allocations(report: &MergeReport, out: &Path) {
+fn same_allocations(report: &MergeReport, out: &Path, tagged: bool) {
     let taken: Vec<PathBuf> = report
         .inputs
         .iter()
@@ -80,7 +81,7 @@ fn same_allocations(report: &MergeReport, out: &Path) {
         .collect();
     let opts = CompareOptions {
         thinned: true,
-        tagged: false,
+        tagged,
         readable_part: true,
     };
     let c = compare(&taken, out, opts).expect("inputs the merge took readable");
