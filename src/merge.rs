@@ -1384,6 +1384,10 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
+        if way != "named" && crate::ffi::create_unnamed(d).is_none() {
+            println!("no unnamed files in {}: {way} is not tested", d.display());
+            return;
+        }
         let shm = Path::new("/dev/shm");
         if way == "elsewhere"
             && !shm
