@@ -103,22 +103,29 @@ fn merge_and_compare(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
     merge_and_compare_as(inputs, opts)
 }
 
+/// [`merge_and_compare`] once: the sources read whole, and read as the merge reads them (a
+/// format-3 source a domain at a time), must both equal the merged trace.
 fn merge_and_compare_as(inputs: &[PathBuf], opts: &MergeOptions) -> MergeReport {
     let (_dir, out, report) = merged(inputs, opts);
-    let cmp = compare(
-        inputs,
-        &out,
-        CompareOptions {
-            thinned: false,
-            tagged: opts.tag_processes,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert!(cmp.equal(), "merged differs from sources: {cmp:?}");
-    assert!(cmp.source_allocs > 0);
-    assert_eq!(cmp.source_allocs, cmp.merged_allocs);
-    assert_eq!(report.allocs, cmp.merged_allocs);
+    for readable_part in [false, true] {
+        let cmp = compare(
+            inputs,
+            &out,
+            CompareOptions {
+                thinned: false,
+                tagged: opts.tag_processes,
+                readable_part,
+            },
+        )
+        .unwrap();
+        assert!(
+            cmp.equal() && cmp.sources_cut == 0,
+            "merged differs from sources (read as the merge reads them: {readable_part}): {cmp:?}"
+        );
+        assert!(cmp.source_allocs > 0);
+        assert_eq!(cmp.source_allocs, cmp.merged_allocs);
+        assert_eq!(report.allocs, cmp.merged_allocs);
+    }
     assert_valid(&out);
     report
 }
