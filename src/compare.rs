@@ -56,28 +56,24 @@ pub fn allocations<R: Read>(
     reader: &mut Reader<R>,
     root: Option<&Location>,
 ) -> Result<(Vec<(Digest, u64)>, u64)> {
-    let (list, bad, error) = allocations_upto(reader, root, false);
+    let (list, bad, error) = allocations_upto(reader, root);
     match error {
         Some(e) => Err(e),
         None => Ok((list, bad)),
     }
 }
 
-/// [`allocations`] as far as the trace reads: with `stop_at_error`, an error ends the
-/// list (and is returned beside it) rather than replace it.
+/// [`allocations`] as far as the trace reads: an error ends the list, and is returned
+/// beside it.
 fn allocations_upto<R: Read>(
     reader: &mut Reader<R>,
     root: Option<&Location>,
-    stop_at_error: bool,
 ) -> (Vec<(Digest, u64)>, u64, Option<crate::Error>) {
     let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
     let mut bad = 0;
     let root = root.map(|l| list_hash(std::slice::from_ref(l)));
-    let finish = |out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>| {
-        out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
-    };
     let mut error = None;
     loop {
         let (ev, table) = match reader.next_with_locations() {
@@ -85,10 +81,7 @@ fn allocations_upto<R: Read>(
             Ok(None) => break,
             Err(e) => {
                 error = Some(e);
-                if stop_at_error {
-                    break;
-                }
-                return (out, bad, error);
+                break;
             }
         };
         match ev {
@@ -116,12 +109,22 @@ fn allocations_upto<R: Read>(
             },
         }
     }
+    finish_live(&mut out, live);
+    (out, bad, error)
+}
+
+/// An allocation's entry: its digest with its promote and collect times, and its samples.
+fn finish(out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>) {
+    out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
+}
+
+/// The entries of the objects still live at the end (never collected), in id order.
+fn finish_live(out: &mut Vec<(Digest, u64)>, live: IntMap<u64, Partial>) {
     let mut rest: Vec<_> = live.into_iter().collect();
     rest.sort_by_key(|(id, _)| *id);
     for (_, p) in rest {
-        finish(&mut out, p, None);
+        finish(out, p, None);
     }
-    (out, bad, error)
 }
 
 /// What [`by_domain`] keeps of an event: an allocation's digest but for its promote and
@@ -169,9 +172,6 @@ fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>
     events.sort_by_key(|e| (e.0, e.1));
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
-    let finish = |out: &mut Vec<(Digest, u64)>, p: Partial, collect: Option<u64>| {
-        out.push((h128(&(p.base, p.promote, collect)), p.nsamples));
-    };
     // (promote or collect, of an object not live: id, time, whether a collect)
     let mut waiting: Vec<(u64, u64, bool)> = Vec::new();
     let follow = |live: &mut IntMap<u64, Partial>,
@@ -220,11 +220,7 @@ fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>
             }
         }
     }
-    let mut rest: Vec<_> = live.into_iter().collect();
-    rest.sort_by_key(|(id, _)| *id);
-    for (_, p) in rest {
-        finish(&mut out, p, None);
-    }
+    finish_live(&mut out, live);
     Ok((out, cut))
 }
 
@@ -312,7 +308,7 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
             drop(r);
             by_domain(p, tag.as_ref())?
         } else {
-            let (list, _, error) = allocations_upto(&mut r, tag.as_ref(), true);
+            let (list, _, error) = allocations_upto(&mut r, tag.as_ref());
             match error {
                 Some(e) if !opts.readable_part => return Err(e),
                 e => (list, e.is_some()),

@@ -89,8 +89,8 @@ enum Cmd {
         /// The merge was made with --tag-processes: each backtrace starts with its source's frame
         #[arg(long)]
         tagged: bool,
-        /// A source (of one stream) that ends in an error counts as far as it reads, as the
-        /// merge takes it
+        /// Read each source as the merge does, as far as it reads: one that ends in an error
+        /// counts up to it, a format-3 source is read a domain at a time
         #[arg(long)]
         readable_part: bool,
     },

@@ -21,10 +21,11 @@ pub fn split(data: &[u8]) -> (&[u8], &[u8]) {
 
 /// Write the two traces of `data` into the empty directory `d` and merge them, with and
 /// without `skip_bad_inputs` (format 3 when `data`'s length is odd, backtraces encoded
-/// ahead when it is a multiple of 3, processes tagged when a multiple of 5). Each merge must end in a clean `Err`, leaving no
-/// output, or write a trace that `check` finds valid and that holds exactly the
-/// allocations of the inputs it took (thinning allowed), each as far as it reads; either
-/// way, no temporary file is left. Returns the reports of the merges that succeeded.
+/// ahead when it is a multiple of 3, processes tagged when a multiple of 5). Each merge
+/// must end in a clean `Err`, leaving no output, or write a trace that `check` finds
+/// valid and that holds exactly the allocations of the inputs it took (thinning allowed),
+/// each as far as it reads; either way, no temporary file is left. Returns the reports of
+/// the merges that succeeded.
 pub fn merge_pair(data: &[u8], d: &Path) -> Vec<MergeReport> {
     let (a, b) = split(data);
     let pa = d.join("a.ctf");
