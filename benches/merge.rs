@@ -210,12 +210,21 @@ fn cli() -> PathBuf {
     bin
 }
 
-/// Run `cmd` as a child and wait for it with `wait4`: (wall seconds, peak RSS in KiB, its
-/// stderr). The peak RSS comes from the kernel's accounting of that child, so nothing (no
+/// One run of a program: its wall time, the CPU time of all its threads (user and system),
+/// and its peak RSS in KiB if known.
+#[derive(Clone, Copy)]
+struct Run {
+    secs: f64,
+    cpu: f64,
+    rss: Option<u64>,
+}
+
+/// Run `cmd` as a child and wait for it with `wait4` (its stderr said when it fails). The CPU
+/// time and peak RSS come from the kernel's accounting of that child, so nothing (no
 /// `/usr/bin/time`) runs between the clock and the program timed.
 // (the child is reaped by `wait4`, which clippy does not see)
 #[allow(clippy::zombie_processes)]
-fn run_child(cmd: &mut Command) -> (f64, Option<u64>, String) {
+fn run_child(cmd: &mut Command) -> Run {
     use std::io::Read;
     let start = Instant::now();
     let mut child = cmd
@@ -245,45 +254,63 @@ fn run_child(cmd: &mut Command) -> (f64, Option<u64>, String) {
     );
     // (`child` is not waited for again: dropping it does not wait)
     let rss = u64::try_from(ru.ru_maxrss).ok().filter(|&k| k > 0);
-    (secs, rss, err)
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
+    Run { secs, cpu, rss }
 }
 
-/// Run one merge through the CLI into a fresh `out`; returns (wall seconds, peak RSS in
-/// KiB if known).
-fn run_merge(inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
+/// Run one merge through the CLI into a fresh `out`.
+fn run_merge(inputs: &[PathBuf], out: &Path) -> Run {
     let _ = std::fs::remove_file(out);
     let mut cmd = Command::new(cli());
     cmd.args(["merge", "-q", "-o"]).arg(out).args(inputs);
-    let (secs, rss, _) = run_child(&mut cmd);
-    (secs, rss)
+    run_child(&mut cmd)
 }
 
 /// Times of runs after one untimed run (which brings the inputs into the page cache, as
-/// they are for the runs after it): (median, best) seconds, and the largest peak RSS.
+/// they are for the runs after it): (median, best) seconds, the median CPU seconds (all
+/// threads), and the largest peak RSS.
 struct Timed {
     median: f64,
     best: f64,
+    cpu: f64,
     rss: Option<u64>,
+}
+
+impl Timed {
+    /// "CPU N ms (M cores busy)": on this 2-vCPU machine a merge on two threads is bound
+    /// below by half its CPU time.
+    fn cpu_ms(&self) -> String {
+        format!(
+            "CPU {:.1} ms ({:.2} cores busy)",
+            self.cpu * 1e3,
+            self.cpu / self.median
+        )
+    }
 }
 
 /// The runs of one program, gathered for [`Timed`].
 #[derive(Default)]
 struct Samples {
     times: Vec<f64>,
+    cpus: Vec<f64>,
     rss: Option<u64>,
 }
 
 impl Samples {
-    fn add(&mut self, (secs, rss): (f64, Option<u64>)) {
-        self.times.push(secs);
-        self.rss = self.rss.max(rss);
+    fn add(&mut self, r: Run) {
+        self.times.push(r.secs);
+        self.cpus.push(r.cpu);
+        self.rss = self.rss.max(r.rss);
     }
 
     fn timed(mut self) -> Timed {
         self.times.sort_by(f64::total_cmp);
+        self.cpus.sort_by(f64::total_cmp);
         Timed {
             median: self.times[self.times.len() / 2],
             best: self.times[0],
+            cpu: self.cpus[self.cpus.len() / 2],
             rss: self.rss,
         }
     }
@@ -298,8 +325,8 @@ fn timed_in_turns(
     rounds: usize,
     ours_per_round: usize,
     ours_after: usize,
-    mut ours: impl FnMut() -> (f64, Option<u64>),
-    mut theirs: Option<impl FnMut() -> (f64, Option<u64>)>,
+    mut ours: impl FnMut() -> Run,
+    mut theirs: Option<impl FnMut() -> Run>,
 ) -> (Timed, Option<Timed>) {
     let (mut a, mut b) = (Samples::default(), Samples::default());
     ours();
@@ -327,13 +354,12 @@ fn ocaml_merge() -> Option<PathBuf> {
         .filter(|p| p.exists())
 }
 
-/// Run the OCaml merge (`merge.exe OUT IN...`) into a fresh `out`: wall seconds, peak RSS.
-fn run_ocaml(exe: &Path, inputs: &[PathBuf], out: &Path) -> (f64, Option<u64>) {
+/// Run the OCaml merge (`merge.exe OUT IN...`) into a fresh `out`.
+fn run_ocaml(exe: &Path, inputs: &[PathBuf], out: &Path) -> Run {
     let _ = std::fs::remove_file(out);
     let mut cmd = Command::new(exe);
     cmd.arg(out).args(inputs);
-    let (secs, rss, _) = run_child(&mut cmd);
-    (secs, rss)
+    run_child(&mut cmd)
 }
 
 /// The memory the kernel reports available (MiB), if it says: the OCaml merge holds every
@@ -470,30 +496,37 @@ fn main() {
         || {
             let ns = round_trip_ns();
             let r = run_merge(&fork, &out);
-            ours.push((r.0, ns));
+            ours.push((r.secs, ns));
             r
         },
         ocaml.as_deref().map(|exe| {
             || {
                 let ns = round_trip_ns();
                 let r = run_ocaml(exe, &fork, &out);
-                theirs.push((r.0, ns));
+                theirs.push((r.secs, ns));
                 r
             }
         }),
     );
-    let base = base.map(|b| b.median);
     let ev = events_of(&fork);
     println!(
-        "fork/ (5 files, {:.1} MB, {} events): median {:.1} ms (best {:.1}), {:.1} M events/s, peak RSS {} MB; {} (target 20x, under 50 MB)",
+        "fork/ (5 files, {:.1} MB, {} events): median {:.1} ms (best {:.1}), {}, {:.1} M events/s, peak RSS {} MB; {} (target 20x, under 50 MB)",
         bytes as f64 / 1e6,
         ev,
         t.median * 1e3,
         t.best * 1e3,
+        t.cpu_ms(),
         ev as f64 / t.median / 1e6,
         t.rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
-        ratios(t.median, OCAML_FORK_S, base)
+        ratios(t.median, OCAML_FORK_S, base.as_ref().map(|b| b.median))
     );
+    if let Some(b) = &base {
+        println!(
+            "  the OCaml merge: median {:.2} s, {}",
+            b.median,
+            b.cpu_ms()
+        );
+    }
     // (the untimed first run of each is left out)
     let (ours, theirs) = (&ours[1..], theirs.get(1..).unwrap_or(&[]));
     let (o, c) = (by_placement(ours), by_placement(theirs));
@@ -557,12 +590,13 @@ fn main() {
         let s = t.median;
         let rss = t.rss;
         println!(
-            "synthetic x{length}{what} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
+            "synthetic x{length}{what} (4 processes, {:.1} MB, {:.2} M events; generated in {:.1} s): median {:.3} s (best {:.3}), {}, {:.1} M events/s, {:.0} MB/s, peak RSS {} MB; {} (target 50x, under 128 MB)",
             bytes as f64 / 1e6,
             ev as f64 / 1e6,
             gen,
             s,
             t.best,
+            t.cpu_ms(),
             ev as f64 / s / 1e6,
             bytes as f64 / s / 1e6,
             rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
