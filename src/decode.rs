@@ -7,6 +7,7 @@ use crate::event::{AllocSource, LocationCode};
 use crate::input::FilePool;
 use crate::location::LocationList;
 use crate::merge::Warnings;
+use crate::placement::Placement;
 use crate::reader::{EventSink, Reader};
 use crate::share::{Share, ShareOf};
 use std::collections::VecDeque;
@@ -271,6 +272,8 @@ struct Shared {
     /// Events a batch holds (fewer with many streams).
     batch_events: usize,
     hooks: Hooks,
+    /// Keeps the decoding threads off the merging thread's CPU.
+    placement: Arc<Placement>,
 }
 
 /// (Tests) what the decoding threads do besides decoding.
@@ -326,12 +329,14 @@ fn share_out(specs: &[StreamSpec], n: usize) -> Vec<usize> {
 
 impl Decoder {
     /// Start decoding `streams` (of `ninputs` inputs) on `threads` worker threads, those
-    /// in a share encoded ahead as they are decoded.
+    /// in a share encoded ahead as they are decoded, kept off the CPU of the merging thread
+    /// (the caller) by `placement`.
     pub fn start(
         streams: Vec<StreamSpec>,
         ninputs: usize,
         threads: usize,
         hooks: Hooks,
+        placement: Arc<Placement>,
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
         let owner = share_out(&streams, n);
@@ -351,6 +356,7 @@ impl Decoder {
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
             batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
             hooks,
+            placement,
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -373,6 +379,7 @@ impl Decoder {
 
     /// The next batch of stream `i` (waiting for the decoder if need be).
     pub fn next_batch(&self, i: usize) -> Batch {
+        self.shared.placement.follow();
         let q = &self.shared.queues[i];
         let w = self.shared.owner[i];
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
@@ -640,6 +647,8 @@ fn decode_all(
     nworkers: usize,
     specs: Vec<(usize, StreamSpec)>,
 ) -> Vec<(usize, DecodeReport)> {
+    // (registered while it runs: dropped when it returns)
+    let _placed = sh.placement.helper();
     let pool = FilePool::from_rlimit_share(nworkers);
     let mut mine: Vec<usize> = Vec::with_capacity(specs.len());
     for (index, s) in specs {

@@ -115,6 +115,81 @@ pub(crate) fn link_unnamed(_: &std::fs::File, _: &Path) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
+/// A set of CPUs, as `sched_setaffinity` takes it.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Copy)]
+pub(crate) struct CpuSet(libc::cpu_set_t);
+
+/// The calling thread's kernel id and the CPUs it may run on (None where unknown).
+#[cfg(target_os = "linux")]
+pub(crate) fn this_thread() -> Option<(i32, CpuSet)> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, which sched_getaffinity fills for
+    // the calling thread (0) within its size; gettid takes nothing.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let r = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        let tid = libc::syscall(libc::SYS_gettid) as i32;
+        (r == 0 && tid > 0).then_some((tid, CpuSet(set)))
+    }
+}
+
+/// The CPU the calling thread is running on, if the kernel says.
+#[cfg(target_os = "linux")]
+pub(crate) fn current_cpu() -> Option<usize> {
+    // SAFETY: takes nothing, returns a CPU number or -1.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// Let thread `tid` (of this process, alive) run on the CPUs of `allowed` but `cpu`; left
+/// as it is when that would leave none. Best effort: an error changes nothing.
+#[cfg(target_os = "linux")]
+pub(crate) fn keep_off(tid: i32, allowed: &CpuSet, cpu: usize) {
+    let mut set = allowed.0;
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: `cpu` is below CPU_SETSIZE, so CPU_ISSET and CPU_CLR stay within the set;
+    // sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
+    unsafe {
+        if !libc::CPU_ISSET(cpu, &set) {
+            return;
+        }
+        libc::CPU_CLR(cpu, &mut set);
+        if libc::CPU_COUNT(&set) > 0 {
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+/// (Tests) the CPUs the calling thread may run on.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    let Some((_, set)) = this_thread() else {
+        return Vec::new();
+    };
+    // SAFETY: every index is below CPU_SETSIZE, within the set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set.0) })
+        .collect()
+}
+
+#[cfg(not(target_os = "linux"))]
+#[derive(Clone, Copy)]
+pub(crate) struct CpuSet;
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn this_thread() -> Option<(i32, CpuSet)> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn current_cpu() -> Option<usize> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn keep_off(_: i32, _: &CpuSet, _: usize) {}
+
 /// `MemtraceMergeOptions.format`: format 2 when every input is at most 2, else 3.
 pub const MEMTRACE_MERGE_FORMAT_AUTO: u32 = 0;
 /// `MemtraceMergeOptions.format`: write format version 2.

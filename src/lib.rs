@@ -22,6 +22,7 @@ pub mod location;
 pub mod merge;
 pub mod output;
 pub mod packet;
+pub(crate) mod placement;
 pub mod reader;
 pub mod share;
 pub mod summary;

@@ -10,6 +10,7 @@ use crate::info::TraceInfo;
 use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::BackgroundFile;
+use crate::placement::Placement;
 use crate::reader::{scan_domains, Reader};
 use crate::share::ShareOf;
 use crate::thin::Thinner;
@@ -931,11 +932,14 @@ fn merge_attempt(
     // an error below, the decoder stops its threads).
     let total_bytes: u64 = specs.iter().map(|s| s.size).sum();
     let started = Instant::now();
-    let pipe = Decoder::start(specs, opened.len(), threads, hooks)
+    // (the helper threads are kept off the CPU of this thread, the merging one)
+    let placement = Placement::new();
+    let pipe = Decoder::start(specs, opened.len(), threads, hooks, placement.clone())
         .map_err(|e| Error::Internal(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own: the merging thread is the busiest.
-    let out = BackgroundFile::new(file).map_err(|e| Error::io(output, "start writing", e))?;
+    let out = BackgroundFile::placed(file, Some(placement))
+        .map_err(|e| Error::io(output, "start writing", e))?;
     let wopts = WriterOptions {
         version: format,
         lossless: true,

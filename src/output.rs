@@ -1,9 +1,11 @@
 //! Writing a file on a thread of its own: the bytes are gathered into large buffers that the
 //! thread writes, so that the caller never waits in the kernel (a merge's merging thread).
 
+use crate::placement::Placement;
 use std::fs::File;
 use std::io::{self, Write};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Bytes gathered before a buffer goes to the writing thread (small enough that the few
@@ -23,11 +25,18 @@ pub struct BackgroundFile {
 
 impl BackgroundFile {
     pub fn new(file: File) -> io::Result<Self> {
+        Self::placed(file, None)
+    }
+
+    /// [`BackgroundFile::new`], its thread a helper of `placement` (kept off the CPU of
+    /// the merging thread).
+    pub(crate) fn placed(file: File, placement: Option<Arc<Placement>>) -> io::Result<Self> {
         let (to_thread, jobs) = sync_channel::<Vec<u8>>(IN_FLIGHT);
         let (give_back, from_thread) = sync_channel::<Vec<u8>>(IN_FLIGHT + 1);
         let thread = std::thread::Builder::new()
             .name("memtrace-merge-output".into())
             .spawn(move || {
+                let _placed = placement.as_ref().and_then(|p| p.helper());
                 let mut file = file;
                 for mut b in jobs {
                     file.write_all(&b)?;
