@@ -261,9 +261,18 @@ fn run_child(cmd: &mut Command) -> Run {
 
 /// Run one merge through the CLI into a fresh `out`.
 fn run_merge(inputs: &[PathBuf], out: &Path) -> Run {
+    run_merge_with(inputs, out, &[])
+}
+
+/// [`run_merge`] with more options (e.g. `--tag-processes`).
+fn run_merge_with(inputs: &[PathBuf], out: &Path, opts: &[&str]) -> Run {
     let _ = std::fs::remove_file(out);
     let mut cmd = Command::new(cli());
-    cmd.args(["merge", "-q", "-o"]).arg(out).args(inputs);
+    cmd.args(["merge", "-q"])
+        .args(opts)
+        .arg("-o")
+        .arg(out)
+        .args(inputs);
     run_child(&mut cmd)
 }
 
@@ -468,6 +477,33 @@ fn events_of(paths: &[PathBuf]) -> u64 {
     n
 }
 
+/// The set merged with `--tag-processes` (a root frame naming its process on every
+/// backtrace) and without, in turns: the tagged merge's median and its paired ratio.
+fn tagged_in_turns(set: &[PathBuf], out: &Path) {
+    let (mut plain, mut tagged) = (Vec::new(), Vec::new());
+    run_merge_with(set, out, &["--tag-processes"]);
+    for k in 0..6 {
+        let mut turn = [None, None];
+        for t in [k % 2, 1 - k % 2] {
+            let opts: &[&str] = if t == 1 { &["--tag-processes"] } else { &[] };
+            turn[t] = Some(run_merge_with(set, out, opts).secs);
+        }
+        plain.push(turn[0].unwrap());
+        tagged.push(turn[1].unwrap());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    let mut ratios: Vec<f64> = tagged.iter().zip(&plain).map(|(t, p)| t / p).collect();
+    println!(
+        "  the same set with --tag-processes: median {:.3} s against {:.3} s untagged in turns (paired tagged/untagged {:.2})",
+        median(&mut tagged),
+        median(&mut plain),
+        median(&mut ratios)
+    );
+}
+
 fn main() {
     let scale: f64 = std::env::var("MERGE_BENCH_SCALE")
         .ok()
@@ -606,6 +642,7 @@ fn main() {
             // (not a doubling of the first set)
         } else if length == 1 {
             first_rss = rss;
+            tagged_in_turns(&set, &out);
         } else if let (Some(a), Some(b)) = (first_rss, rss) {
             println!(
                 "peak RSS when the inputs double in length: {:.1} MB -> {:.1} MB ({:+.1}%)",

@@ -173,14 +173,24 @@ pub(crate) struct Encoder {
     pub tables: CacheWriter,
     /// Allocations encoded so far (each encoding's date in the cache).
     pub allocs: i64,
+    /// For a tagged process: the backtrace as encoded, [`TAG_FRAME`] first, and the
+    /// input's cache entry of each frame (0 for the tag, which has none).
+    tagged: Option<(Vec<LocationCode>, Vec<u16>)>,
 }
 
+/// The root frame of a tagged process's backtraces, as its share encodes them: no input
+/// code (an OCaml int, whose top two bits are equal) has this value, so the tag never
+/// shares an entry with one of the input's frames. The merging thread writes the input's
+/// tag code over it where it is sent whole (the stream's remap).
+pub(crate) const TAG_FRAME: LocationCode = LocationCode(0xa000_0000_0000_7a90);
+
 impl Encoder {
-    fn new(of: ShareOf) -> Encoder {
+    fn new(of: ShareOf, tagged: bool) -> Encoder {
         Encoder {
             share: Share::new(of),
             tables: CacheWriter::default(),
             allocs: 0,
+            tagged: tagged.then(|| (vec![TAG_FRAME], vec![0])),
         }
     }
 }
@@ -194,6 +204,8 @@ pub(crate) struct StreamSpec {
     pub size: u64,
     /// Encode each backtrace whole, in this share of the output domain's cache.
     pub share: Option<ShareOf>,
+    /// Its process is tagged: encoded ahead, each backtrace gets [`TAG_FRAME`] as its root.
+    pub tagged: bool,
 }
 
 /// What the decoder learned about each input.
@@ -673,7 +685,7 @@ fn decode_all(
             input: s.input,
             rep,
             bt_valid: false,
-            enc: s.share.map(|of| Box::new(Encoder::new(of))),
+            enc: s.share.map(|of| Box::new(Encoder::new(of, s.tagged))),
             seq: 0,
             done: false,
             first: true,
@@ -793,7 +805,8 @@ impl EventSink for Filler<'_> {
         backtrace: &[LocationCode],
         slots: &[u16],
     ) {
-        let keep = if *self.bt_valid {
+        let valid = *self.bt_valid;
+        let keep = if valid {
             (common_prefix as usize).min(backtrace.len())
         } else {
             0
@@ -801,23 +814,42 @@ impl EventSink for Filler<'_> {
         *self.bt_valid = true;
         // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
         let (first, second) = if let Some(e) = &mut self.enc {
+            let Encoder {
+                share,
+                tables,
+                allocs,
+                tagged,
+            } = &mut **e;
+            // (a tagged process's: the tag, then the reader's backtrace, whose first `keep`
+            // frames are the last one's)
+            let (frames, hints, keep) = match tagged {
+                Some((f, h)) => {
+                    f.truncate(1 + keep);
+                    f.extend_from_slice(&backtrace[keep..]);
+                    h.truncate(1 + keep);
+                    h.extend_from_slice(slots.get(keep..).unwrap_or_default());
+                    h.resize(f.len(), 0);
+                    (&f[..], &h[..], if valid { 1 + keep } else { 0 })
+                }
+                None => (backtrace, slots, keep),
+            };
             let enc = &mut self.b.enc;
             let head = enc.len();
             enc.u32(0);
             let misses = &mut self.b.misses;
-            e.allocs += 1;
-            let (ncodes, done) = e.share.encode(
-                &mut e.tables,
+            *allocs += 1;
+            let (ncodes, done) = share.encode(
+                tables,
                 enc,
-                e.allocs,
-                backtrace,
-                slots,
+                *allocs,
+                frames,
+                hints,
                 keep,
                 head + 4 + ENCODING_ROOM,
-                |i, at| misses.push((at as u32, backtrace[i])),
+                |i, at| misses.push((at as u32, frames[i])),
             );
             let len = enc.len() - head - 4;
-            let cut = if done < backtrace.len() { CUT } else { 0 };
+            let cut = if done < frames.len() { CUT } else { 0 };
             enc.set_u32(head, len as u32 | cut);
             (ncodes, done)
         } else {

@@ -3,7 +3,9 @@
 
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
-use crate::decode::{order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES};
+use crate::decode::{
+    order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES, TAG_FRAME,
+};
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
@@ -133,8 +135,7 @@ pub struct MergeOptions {
     /// decoded (by the decoding threads, or by the merging thread rather than wait for
     /// them), rather than each after the previous allocation of the domain on the
     /// merging thread. None: when that pays (backtraces that repeat much of the stream's
-    /// previous one); never for thinned inputs, with `tag_processes`, or beyond 16 streams
-    /// a domain. The output is valid either way, but not the same bytes. Encoding ahead, a
+    /// previous one); never for thinned inputs or beyond 16 streams a domain. The output is valid either way, but not the same bytes. Encoding ahead, a
     /// backtrace too deep for its share (more distinct frames than the share holds) has
     /// the merge made again without encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
@@ -872,6 +873,7 @@ fn merge_attempt(
                 domain: if i.version >= 3 { Some(d) } else { None },
                 size,
                 share: None,
+                tagged: st.tag.is_some(),
             });
             streams.push(Stream {
                 input: k,
@@ -908,7 +910,6 @@ fn merge_attempt(
             .filter(|&j| streams[j].out_slot == slot)
             .collect();
         let possible = (2..=MAX_SHARES).contains(&members.len())
-            && !opts.tag_processes
             && members
                 .iter()
                 .all(|&j| states[streams[j].input].thinner.is_none());
@@ -924,6 +925,10 @@ fn merge_attempt(
                     count: members.len() as u16,
                 };
                 specs[j].share = Some(of);
+                // (its share encodes the tag as TAG_FRAME: sent whole, it is the input's tag)
+                if let Some(t) = states[streams[j].input].tag {
+                    streams[j].remap.insert(TAG_FRAME, t);
+                }
             }
         }
     }

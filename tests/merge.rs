@@ -425,8 +425,8 @@ fn encoded_ahead_output_does_not_depend_on_the_decoding_threads() {
 
 /// Encoding ahead is chosen where backtraces mostly repeat the stream's previous one (as
 /// in `write_synthetic`, whose stacks change by a frame or so), not for the `fork/` set
-/// (deep stacks, much of them new each time), and never for thinned inputs or tagged
-/// processes, even when asked for.
+/// (deep stacks, much of them new each time), and never for thinned inputs, even when
+/// asked for; tagged processes are encoded ahead (their tag the root of every path).
 #[test]
 fn encoding_ahead_is_chosen_where_it_pays() {
     let dir = tempfile::tempdir().unwrap();
@@ -444,9 +444,57 @@ fn encoding_ahead_is_chosen_where_it_pays() {
     assert!(!merged(&thinned, &forced).2.encoded_ahead);
     let tagged = MergeOptions {
         tag_processes: true,
-        ..forced.clone()
+        ..Default::default()
     };
-    assert!(!merged(&[a, b], &tagged).2.encoded_ahead);
+    assert!(merge_and_compare(&[a, b], &tagged).encoded_ahead);
+}
+
+/// Tagged and encoded ahead, a process whose own frames use the very code its tag gets
+/// (the merge's first fresh codes, from the top of the 63-bit range) keeps them apart:
+/// in its share the tag is a value no input code can take, so a frame of that code is
+/// never read back as the tag (nor the tag as the frame).
+#[test]
+fn a_tagged_process_whose_frames_use_its_tag_code_keeps_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = (1u64 << 62) - 1;
+    let mut inputs = Vec::new();
+    for k in 0..2u64 {
+        let p = dir.path().join(format!("p{k}.ctf"));
+        let mut w = lossless_writer(&p, 2, 10 + k, "clash.exe");
+        // codes: the tags' (top, top - 1), then a few ordinary ones
+        let codes: Vec<LocationCode> = [top, top - 1, 500, 501, 502, 503]
+            .into_iter()
+            .map(LocationCode)
+            .collect();
+        let resolve = |c: LocationCode| Some(locs("clash.ml", &format!("c{}", c.0 % 1000), 7));
+        let mut t = 1_000_000 + k * 3;
+        for i in 0..400usize {
+            t += 10;
+            // stacks repeating the previous one, now and then another rotation of the codes
+            let r = i / 25 % codes.len();
+            let bt: Vec<LocationCode> = (0..5).map(|d| codes[(r + d) % codes.len()]).collect();
+            w.put_alloc(
+                Timestamp(t),
+                DomainId(0),
+                2,
+                1,
+                AllocSource::Minor,
+                &bt,
+                resolve,
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+        inputs.push(p);
+    }
+    let tagged = MergeOptions {
+        tag_processes: true,
+        encode_ahead: Some(true),
+        ..Default::default()
+    };
+    let r = merge_and_compare(&inputs, &tagged);
+    assert!(r.encoded_ahead);
+    assert!(r.remapped_codes >= 2, "{r:?}");
 }
 
 /// A process whose allocations come from a few deep stacks, each used many times running.
