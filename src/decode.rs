@@ -10,6 +10,7 @@ use crate::merge::Warnings;
 use crate::placement::Placement;
 use crate::reader::{EventSink, Reader};
 use crate::share::{Share, ShareOf};
+use crate::thin::Thinner;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -176,7 +177,18 @@ pub(crate) struct Encoder {
     /// For a tagged process: the backtrace as encoded, [`TAG_FRAME`] first, and the
     /// input's cache entry of each frame (0 for the tag, which has none).
     tagged: Option<(Vec<LocationCode>, Vec<u16>)>,
+    /// For a thinned input: the merging thread's draws, made again in the same order (the
+    /// input's allocations, one stream), to leave out of the share the allocations that
+    /// thinning leaves out of the merge.
+    thinner: Option<Thinner>,
+    /// The positions of the share's path (its last encoded backtrace) that every
+    /// backtrace left out since has kept (`usize::MAX` when none was left out).
+    kept: usize,
 }
+
+/// An allocation's `new` in a batch encoded ahead when thinning left it out: nothing of it
+/// was encoded (see [`Encoder::thinner`]).
+pub(crate) const THINNED_OUT: u32 = u32::MAX;
 
 /// The root frame of a tagged process's backtraces, as its share encodes them: no input
 /// code (an OCaml int, whose top two bits are equal) has this value, so the tag never
@@ -185,12 +197,14 @@ pub(crate) struct Encoder {
 pub(crate) const TAG_FRAME: LocationCode = LocationCode(0xa000_0000_0000_7a90);
 
 impl Encoder {
-    fn new(of: ShareOf, tagged: bool) -> Encoder {
+    fn new(of: ShareOf, tagged: bool, thinner: Option<Thinner>) -> Encoder {
         Encoder {
             share: Share::new(of),
             tables: CacheWriter::default(),
             allocs: 0,
             tagged: tagged.then(|| (vec![TAG_FRAME], vec![0])),
+            thinner,
+            kept: usize::MAX,
         }
     }
 }
@@ -206,6 +220,9 @@ pub(crate) struct StreamSpec {
     pub share: Option<ShareOf>,
     /// Its process is tagged: encoded ahead, each backtrace gets [`TAG_FRAME`] as its root.
     pub tagged: bool,
+    /// Its input's thinning, as the merging thread starts it (encoded ahead, the stream
+    /// must be the input's only one: the draws are made again here in the same order).
+    pub thinner: Option<Thinner>,
 }
 
 /// What the decoder learned about each input.
@@ -685,7 +702,9 @@ fn decode_all(
             input: s.input,
             rep,
             bt_valid: false,
-            enc: s.share.map(|of| Box::new(Encoder::new(of, s.tagged))),
+            enc: s
+                .share
+                .map(|of| Box::new(Encoder::new(of, s.tagged, s.thinner))),
             seq: 0,
             done: false,
             first: true,
@@ -785,6 +804,41 @@ struct Filler<'a> {
     enc: Option<&'a mut Encoder>,
 }
 
+impl Filler<'_> {
+    /// Add an allocation to the batch (`keep` and `new` as [`Ev::Alloc`] says).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn push_alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        keep: u32,
+        new: u32,
+    ) {
+        let nsamples = u32::try_from(nsamples)
+            .ok()
+            .filter(|&n| n != MANY_SAMPLES)
+            .unwrap_or_else(|| {
+                self.b.many_samples.push(nsamples);
+                MANY_SAMPLES
+            });
+        self.b.evs.push(Timed {
+            time,
+            ev: Ev::Alloc {
+                id,
+                length,
+                nsamples,
+                source,
+                keep,
+                new,
+            },
+        });
+    }
+}
+
 impl EventSink for Filler<'_> {
     #[inline]
     fn location(&mut self, code: LocationCode, locs: &LocationList) {
@@ -819,6 +873,8 @@ impl EventSink for Filler<'_> {
                 tables,
                 allocs,
                 tagged,
+                thinner,
+                kept,
             } = &mut **e;
             // (a tagged process's: the tag, then the reader's backtrace, whose first `keep`
             // frames are the last one's)
@@ -833,6 +889,15 @@ impl EventSink for Filler<'_> {
                 }
                 None => (backtrace, slots, keep),
             };
+            if thinner
+                .as_mut()
+                .is_some_and(|t| t.keep(nsamples) == 0 && nsamples > 0)
+            {
+                // left out: the next encoding keeps of the path only what this one kept
+                *kept = keep.min(*kept);
+                return self.push_alloc(time, id, length, nsamples, source, 0, THINNED_OUT);
+            }
+            let keep = keep.min(std::mem::replace(kept, usize::MAX));
             let enc = &mut self.b.enc;
             let head = enc.len();
             enc.u32(0);
@@ -857,24 +922,15 @@ impl EventSink for Filler<'_> {
             crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
             (keep, backtrace.len() - keep)
         };
-        let nsamples = u32::try_from(nsamples)
-            .ok()
-            .filter(|&n| n != MANY_SAMPLES)
-            .unwrap_or_else(|| {
-                self.b.many_samples.push(nsamples);
-                MANY_SAMPLES
-            });
-        self.b.evs.push(Timed {
+        self.push_alloc(
             time,
-            ev: Ev::Alloc {
-                id,
-                length,
-                nsamples,
-                source,
-                keep: first as u32,
-                new: second as u32,
-            },
-        });
+            id,
+            length,
+            nsamples,
+            source,
+            first as u32,
+            second as u32,
+        );
     }
 
     #[inline]

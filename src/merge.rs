@@ -4,7 +4,7 @@
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
 use crate::decode::{
-    order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES, TAG_FRAME,
+    order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES, TAG_FRAME, THINNED_OUT,
 };
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
@@ -135,9 +135,11 @@ pub struct MergeOptions {
     /// decoded (by the decoding threads, or by the merging thread rather than wait for
     /// them), rather than each after the previous allocation of the domain on the
     /// merging thread. None: when that pays (backtraces that repeat much of the stream's
-    /// previous one); never for thinned inputs or beyond 16 streams a domain. The output is valid either way, but not the same bytes. Encoding ahead, a
-    /// backtrace too deep for its share (more distinct frames than the share holds) has
-    /// the merge made again without encoding ahead, rather than cut.
+    /// previous one); never beyond 16 streams a domain, nor for a thinned input of several
+    /// streams (its draws are made again as its stream is encoded). The output is valid
+    /// either way, but not the same bytes. Encoding ahead, a backtrace too deep for its
+    /// share (more distinct frames than the share holds) has the merge made again without
+    /// encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
 }
 
@@ -497,6 +499,21 @@ struct InputState {
     /// another domain may still allocate the object in the same microsecond, behind an
     /// event of its own that came first. (source id, time, a collect, output domain)
     waiting: Vec<(u64, u64, bool, DomainId)>,
+}
+
+impl InputState {
+    /// Count an allocation of `nsamples` read: the samples it is written with, or None
+    /// when thinning left it out (took its every sample; one of none stays).
+    #[inline(always)]
+    fn read_alloc(&mut self, nsamples: u64) -> Option<u64> {
+        self.report.allocs += 1;
+        self.report.samples_read += nsamples;
+        let n = match &mut self.thinner {
+            Some(t) => t.keep(nsamples),
+            None => nsamples,
+        };
+        (n > 0 || nsamples == 0).then_some(n)
+    }
 }
 
 /// A promote or collect of an object not live: it waits for an allocation of that object
@@ -874,6 +891,7 @@ fn merge_attempt(
                 size,
                 share: None,
                 tagged: st.tag.is_some(),
+                thinner: None,
             });
             streams.push(Stream {
                 input: k,
@@ -909,10 +927,13 @@ fn merge_attempt(
         let members: Vec<usize> = (0..streams.len())
             .filter(|&j| streams[j].out_slot == slot)
             .collect();
+        // (a thinned input's draws are made again as its stream is encoded, in the order
+        // the merging thread makes them: that of its one stream)
         let possible = (2..=MAX_SHARES).contains(&members.len())
-            && members
-                .iter()
-                .all(|&j| states[streams[j].input].thinner.is_none());
+            && members.iter().all(|&j| {
+                let k = streams[j].input;
+                states[k].thinner.is_none() || opened[k].domains.len() == 1
+            });
         let ahead = possible
             && opts
                 .encode_ahead
@@ -926,9 +947,11 @@ fn merge_attempt(
                 };
                 specs[j].share = Some(of);
                 // (its share encodes the tag as TAG_FRAME: sent whole, it is the input's tag)
-                if let Some(t) = states[streams[j].input].tag {
+                let st = &states[streams[j].input];
+                if let Some(t) = st.tag {
                     streams[j].remap.insert(TAG_FRAME, t);
                 }
+                specs[j].thinner = st.thinner.clone();
             }
         }
     }
@@ -1135,35 +1158,45 @@ fn merge_streams(
                     new: nframes,
                 } if s.batch.encoded => {
                     let nsamples = s.samples(nsamples);
-                    let (at, cut) = s.batch.encoding(s.enc_pos);
-                    if cut {
-                        return Ok(Merged::ShareTooSmall);
+                    let kept = st.read_alloc(nsamples);
+                    // (the decoder drew the same, and encoded nothing of one left out)
+                    if kept.is_none() != (nframes == THINNED_OUT) {
+                        return Err(Error::Internal(format!(
+                            "{}: an allocation thinned otherwise when encoded ahead",
+                            st.report.path.display()
+                        )));
                     }
-                    s.enc_pos = at.end;
-                    let first = s.miss_pos;
-                    while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
-                    {
-                        s.miss_pos += 1;
+                    if let Some(n) = kept {
+                        let (at, cut) = s.batch.encoding(s.enc_pos);
+                        if cut {
+                            return Ok(Merged::ShareTooSmall);
+                        }
+                        s.enc_pos = at.end;
+                        let first = s.miss_pos;
+                        while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
+                        {
+                            s.miss_pos += 1;
+                        }
+                        let sent = &s.batch.misses[first..s.miss_pos];
+                        merged_misses(&s.remap, &mut s.batch.enc, sent, &mut missed);
+                        let out_id = w.put_alloc_encoded(
+                            Timestamp(time),
+                            dom,
+                            length,
+                            n,
+                            source,
+                            nframes as usize,
+                            ncodes as usize,
+                            &s.batch.enc.bytes()[at],
+                            &missed,
+                            |c| codes.meanings.get(&c).cloned(),
+                        )?;
+                        st.live.insert(id, out_id.0);
+                        st.report.allocs_written += 1;
+                        st.report.samples_written += n;
+                    } else {
+                        st.live.insert(id, DROPPED);
                     }
-                    let sent = &s.batch.misses[first..s.miss_pos];
-                    merged_misses(&s.remap, &mut s.batch.enc, sent, &mut missed);
-                    st.report.allocs += 1;
-                    st.report.samples_read += nsamples;
-                    let out_id = w.put_alloc_encoded(
-                        Timestamp(time),
-                        dom,
-                        length,
-                        nsamples,
-                        source,
-                        nframes as usize,
-                        ncodes as usize,
-                        &s.batch.enc.bytes()[at],
-                        &missed,
-                        |c| codes.meanings.get(&c).cloned(),
-                    )?;
-                    st.live.insert(id, out_id.0);
-                    st.report.allocs_written += 1;
-                    st.report.samples_written += nsamples;
                     if !st.waiting.is_empty() {
                         release_waiting(st, w, id, time)?;
                     }
@@ -1195,16 +1228,7 @@ fn merge_streams(
                     }
                     bt.version += 1;
                     s.frame_pos += new as usize;
-                    st.report.allocs += 1;
-                    st.report.samples_read += nsamples;
-                    let n = match &mut st.thinner {
-                        Some(t) => t.keep(nsamples),
-                        None => nsamples,
-                    };
-                    // (left out when thinning took its every sample; one of none stays)
-                    if n == 0 && nsamples > 0 {
-                        st.live.insert(id, DROPPED);
-                    } else {
+                    if let Some(n) = st.read_alloc(nsamples) {
                         let cut_before = w.stats().cut_backtraces;
                         let resolve = |c| codes.meanings.get(&c).cloned();
                         // What it shares with the last allocation written in its domain:
@@ -1237,6 +1261,8 @@ fn merge_streams(
                         st.live.insert(id, out_id.0);
                         st.report.allocs_written += 1;
                         st.report.samples_written += n;
+                    } else {
+                        st.live.insert(id, DROPPED);
                     }
                     if !st.waiting.is_empty() {
                         release_waiting(st, w, id, time)?;

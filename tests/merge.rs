@@ -425,8 +425,9 @@ fn encoded_ahead_output_does_not_depend_on_the_decoding_threads() {
 
 /// Encoding ahead is chosen where backtraces mostly repeat the stream's previous one (as
 /// in `write_synthetic`, whose stacks change by a frame or so), not for the `fork/` set
-/// (deep stacks, much of them new each time), and never for thinned inputs, even when
-/// asked for; tagged processes are encoded ahead (their tag the root of every path).
+/// (deep stacks, much of them new each time), and never for a thinned input of several
+/// streams (a format-3 trace's domains into one format-2 domain), even when asked for;
+/// tagged processes are encoded ahead (their tag the root of every path).
 #[test]
 fn encoding_ahead_is_chosen_where_it_pays() {
     let dir = tempfile::tempdir().unwrap();
@@ -441,12 +442,64 @@ fn encoding_ahead_is_chosen_where_it_pays() {
         ..Default::default()
     };
     let thinned = [data("rates/fast.ctf"), data("rates/slow.ctf")];
-    assert!(!merged(&thinned, &forced).2.encoded_ahead);
+    assert!(merged(&thinned, &forced).2.encoded_ahead);
+    let domains_thinned = [data("v3/multidomain.ctf"), data("rates/slow.ctf")];
+    let (_d, _, r) = merged(
+        &domains_thinned,
+        &MergeOptions {
+            format: Some(2),
+            ..forced.clone()
+        },
+    );
+    assert!(r.inputs[0].keep_fraction < 1.0 && !r.encoded_ahead);
     let tagged = MergeOptions {
         tag_processes: true,
         ..Default::default()
     };
     assert!(merge_and_compare(&[a, b], &tagged).encoded_ahead);
+}
+
+/// A thinned input of one stream is encoded ahead: its decoder draws what the merging
+/// thread draws, in the same order, and leaves out of its share what thinning leaves out
+/// (a backtrace after some left out keeps of the share's path only what all of them
+/// kept). The merge holds the allocations, with their thinned samples, of the merge made
+/// without encoding ahead, tagged or not.
+#[test]
+fn thinned_inputs_encoded_ahead_keep_the_same_allocations() {
+    let both = [data("rates/fast.ctf"), data("rates/slow.ctf")];
+    for tag_processes in [false, true] {
+        let run = |ahead| {
+            merged(
+                &both,
+                &MergeOptions {
+                    seed: 99,
+                    tag_processes,
+                    encode_ahead: Some(ahead),
+                    ..Default::default()
+                },
+            )
+        };
+        let (_d1, ahead_out, ahead) = run(true);
+        let (_d2, plain_out, plain) = run(false);
+        assert!(ahead.encoded_ahead && !plain.encoded_ahead);
+        assert_valid(&ahead_out);
+        let thinned = CompareOptions {
+            thinned: true,
+            tagged: tag_processes,
+            ..Default::default()
+        };
+        let c = compare(&both, &ahead_out, thinned).unwrap();
+        assert!(c.equal() && c.dropped > 0, "{c:?}");
+        let c = compare(&[plain_out], &ahead_out, CompareOptions::default()).unwrap();
+        assert!(c.equal() && c.merged_allocs == plain.allocs, "{c:?}");
+        for (a, p) in ahead.inputs.iter().zip(&plain.inputs) {
+            assert_eq!(
+                (a.allocs_written, a.samples_read, a.samples_written),
+                (p.allocs_written, p.samples_read, p.samples_written)
+            );
+        }
+        assert!(ahead.inputs[0].allocs_written < ahead.inputs[0].allocs / 10);
+    }
 }
 
 /// Tagged and encoded ahead, a process whose own frames use the very code its tag gets
