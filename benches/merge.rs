@@ -482,7 +482,7 @@ fn events_of(paths: &[PathBuf]) -> u64 {
 fn tagged_in_turns(set: &[PathBuf], out: &Path) {
     let (mut plain, mut tagged) = (Vec::new(), Vec::new());
     run_merge_with(set, out, &["--tag-processes"]);
-    for k in 0..6 {
+    for k in 0..12 {
         let mut turn = [None, None];
         for t in [k % 2, 1 - k % 2] {
             let opts: &[&str] = if t == 1 { &["--tag-processes"] } else { &[] };
