@@ -28,7 +28,8 @@ pub(crate) struct Timed {
 /// An event of a batch. An allocation's backtrace is the previous allocation's (of the
 /// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
 /// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
-/// `enc`, for `new` frames. `nsamples` is [`MANY_SAMPLES`] when the count is that or more,
+/// `enc`, for `new` frames (`new` is [`THINNED_OUT`], and nothing encoded, for one that
+/// thinning leaves out). `nsamples` is [`MANY_SAMPLES`] when the count is that or more,
 /// and then the batch's next entry in `many_samples`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
