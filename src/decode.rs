@@ -170,9 +170,16 @@ impl Batch {
 /// encodes it, and the bytes do not depend on which: an encoding depends on the stream's
 /// own earlier backtraces only.
 pub(crate) struct Encoder {
-    pub share: Share,
-    /// Its share's entries (the rest of these tables is unused).
+    /// Its share of the domain's cache; None for a stream alone in its output domain
+    /// (format 3), encoded in the whole cache as the merging thread would, after the
+    /// frames it keeps of its previous backtrace (see [`StreamSpec::solo`]).
+    pub share: Option<Share>,
+    /// Its share's entries (the rest of these tables is unused); alone, the domain's.
     pub tables: CacheWriter,
+    /// Alone: the hints of the new frames (the encoder sets them), and the frames of the
+    /// codes it sends whole.
+    solo_hints: Vec<u16>,
+    solo_misses: Vec<usize>,
     /// Allocations encoded so far (each encoding's date in the cache).
     pub allocs: i64,
     /// For a tagged process: the backtrace as encoded, [`TAG_FRAME`] first, and the
@@ -198,10 +205,12 @@ pub(crate) const THINNED_OUT: u32 = u32::MAX;
 pub(crate) const TAG_FRAME: LocationCode = LocationCode(0xa000_0000_0000_7a90);
 
 impl Encoder {
-    fn new(of: ShareOf, tagged: bool, thinner: Option<Thinner>) -> Encoder {
+    fn new(of: Option<ShareOf>, tagged: bool, thinner: Option<Thinner>) -> Encoder {
         Encoder {
-            share: Share::new(of),
+            share: of.map(Share::new),
             tables: CacheWriter::default(),
+            solo_hints: Vec::new(),
+            solo_misses: Vec::new(),
             allocs: 0,
             tagged: tagged.then(|| (vec![TAG_FRAME], vec![0])),
             thinner,
@@ -219,6 +228,11 @@ pub(crate) struct StreamSpec {
     pub size: u64,
     /// Encode each backtrace whole, in this share of the output domain's cache.
     pub share: Option<ShareOf>,
+    /// Alone in its output domain (format 3): encode each backtrace after the frames it
+    /// keeps of the previous one, in the domain's whole cache, as the merging thread would
+    /// (the domain's cache sees no other stream's backtraces); each encoding in a batch
+    /// starts with that count (u32).
+    pub solo: bool,
     /// Its process is tagged: encoded ahead, each backtrace gets [`TAG_FRAME`] as its root.
     pub tagged: bool,
     /// Its input's thinning, as the merging thread starts it (encoded ahead, the stream
@@ -703,9 +717,8 @@ fn decode_all(
             input: s.input,
             rep,
             bt_valid: false,
-            enc: s
-                .share
-                .map(|of| Box::new(Encoder::new(of, s.tagged, s.thinner))),
+            enc: (s.share.is_some() || s.solo)
+                .then(|| Box::new(Encoder::new(s.share, s.tagged, s.thinner))),
             seq: 0,
             done: false,
             first: true,
@@ -872,6 +885,8 @@ impl EventSink for Filler<'_> {
             let Encoder {
                 share,
                 tables,
+                solo_hints,
+                solo_misses,
                 allocs,
                 tagged,
                 thinner,
@@ -904,6 +919,37 @@ impl EventSink for Filler<'_> {
             enc.u32(0);
             let misses = &mut self.b.misses;
             *allocs += 1;
+            let Some(share) = share else {
+                // alone in the domain: the new frames, after the `keep` of the last one
+                enc.u32(keep as u32);
+                solo_hints.clear();
+                solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
+                solo_misses.clear();
+                let start = enc.len();
+                let (ncodes, done) = tables.encode_hinted(
+                    enc,
+                    *allocs,
+                    &frames[keep..],
+                    solo_hints,
+                    start + ENCODING_ROOM,
+                    |i| solo_misses.push(keep + i),
+                );
+                if !solo_misses.is_empty() {
+                    sent_whole(enc.bytes(), start, solo_misses, frames, misses);
+                }
+                let len = enc.len() - head - 4;
+                let cut = if keep + done < frames.len() { CUT } else { 0 };
+                enc.set_u32(head, len as u32 | cut);
+                return self.push_alloc(
+                    time,
+                    id,
+                    length,
+                    nsamples,
+                    source,
+                    ncodes as u32,
+                    done as u32,
+                );
+            };
             let (ncodes, done) = share.encode(
                 tables,
                 enc,
@@ -953,6 +999,34 @@ impl EventSink for Filler<'_> {
     #[inline]
     fn full(&self) -> bool {
         self.b.frames.len() >= BATCH_FRAMES || self.b.enc.len() >= 8 * BATCH_FRAMES
+    }
+}
+
+/// The codes sent whole by the codewords from `start` in `bytes`, each with the offset of
+/// its 8 bytes there, into `out`: `frames[i]` for each `i` in `sent`, in order.
+#[cold]
+#[inline(never)]
+fn sent_whole(
+    bytes: &[u8],
+    start: usize,
+    sent: &[usize],
+    frames: &[LocationCode],
+    out: &mut Vec<(u32, LocationCode)>,
+) {
+    let (mut k, mut next) = (start, sent.iter());
+    while k + 1 < bytes.len() {
+        let w = u16::from_le_bytes([bytes[k], bytes[k + 1]]);
+        k += 2;
+        match w & 3 {
+            2 => k += 1,
+            3 => {
+                if let Some(&i) = next.next() {
+                    out.push((k as u32, frames[i]));
+                }
+                k += 8;
+            }
+            _ => {}
+        }
     }
 }
 

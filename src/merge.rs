@@ -134,9 +134,12 @@ pub struct MergeOptions {
     /// whole in its own share of the domain's cache (see [`crate::share`]), as they are
     /// decoded (by the decoding threads, or by the merging thread rather than wait for
     /// them), rather than each after the previous allocation of the domain on the
-    /// merging thread. None: when that pays (backtraces that repeat much of the stream's
-    /// previous one); never beyond 16 streams a domain, nor for a thinned input of several
-    /// streams (its draws are made again as its stream is encoded). The output is valid
+    /// merging thread; a stream alone in its domain (format 3) is encoded ahead in the
+    /// whole cache, after the frames it keeps of its previous backtrace, as the merging
+    /// thread would. None: when that pays (backtraces that repeat much of the stream's
+    /// previous one); never beyond 16 streams a domain, for a lone input (copied as it
+    /// is), nor for a thinned input of several streams (its draws are made again as its
+    /// stream is encoded). The output is valid
     /// either way, but not the same bytes. Encoding ahead, a backtrace too deep for its
     /// share (more distinct frames than the share holds) has the merge made again without
     /// encoding ahead, rather than cut.
@@ -436,6 +439,9 @@ struct Stream {
     /// (a stream in a share of its output domain's cache, whose batches come encoded) the
     /// batch's next encoding in its `enc`, and its next code sent whole in its `misses`
     enc_pos: usize,
+    /// encoded alone in its output domain: each encoding starts with the count of frames
+    /// kept of the previous backtrace ([`StreamSpec::solo`])
+    solo: bool,
     miss_pos: usize,
     /// the batch's next entry in `many_samples`
     many_pos: usize,
@@ -892,6 +898,7 @@ fn merge_attempt(
                 share: None,
                 tagged: st.tag.is_some(),
                 thinner: None,
+                solo: false,
             });
             streams.push(Stream {
                 input: k,
@@ -902,6 +909,7 @@ fn merge_attempt(
                 loc_pos: 0,
                 out_slot,
                 enc_pos: 0,
+                solo: false,
                 miss_pos: 0,
                 many_pos: 0,
                 key_bits: order_key(0, k, 0, streams.len()),
@@ -929,7 +937,11 @@ fn merge_attempt(
             .collect();
         // (a thinned input's draws are made again as its stream is encoded, in the order
         // the merging thread makes them: that of its one stream)
-        let possible = (2..=MAX_SHARES).contains(&members.len())
+        // (a stream alone in its domain, format 3, is encoded ahead in the domain's whole
+        // cache, after what it keeps of its previous backtrace; never a lone input's, which
+        // the merge copies as it is)
+        let possible = (1..=MAX_SHARES).contains(&members.len())
+            && !single
             && members.iter().all(|&j| {
                 let k = streams[j].input;
                 states[k].thinner.is_none() || opened[k].domains.len() == 1
@@ -945,7 +957,12 @@ fn merge_attempt(
                     index: rank as u16,
                     count: members.len() as u16,
                 };
-                specs[j].share = Some(of);
+                if members.len() == 1 {
+                    specs[j].solo = true;
+                    streams[j].solo = true;
+                } else {
+                    specs[j].share = Some(of);
+                }
                 // (its share encodes the tag as TAG_FRAME: sent whole, it is the input's tag)
                 let st = &states[streams[j].input];
                 if let Some(t) = st.tag {
@@ -1167,11 +1184,18 @@ fn merge_streams(
                         )));
                     }
                     if let Some(n) = kept {
-                        let (at, cut) = s.batch.encoding(s.enc_pos);
+                        let (mut at, cut) = s.batch.encoding(s.enc_pos);
                         if cut {
                             return Ok(Merged::ShareTooSmall);
                         }
                         s.enc_pos = at.end;
+                        let common = if s.solo {
+                            let b = &s.batch.enc.bytes()[at.start..at.start + 4];
+                            at.start += 4;
+                            u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+                        } else {
+                            0
+                        };
                         let first = s.miss_pos;
                         while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
                         {
@@ -1185,6 +1209,7 @@ fn merge_streams(
                             length,
                             n,
                             source,
+                            common,
                             nframes as usize,
                             ncodes as usize,
                             &s.batch.enc.bytes()[at],

@@ -803,6 +803,7 @@ mod tests {
                 3,
                 1,
                 AllocSource::Minor,
+                0,
                 done,
                 ncodes,
                 enc.bytes(),

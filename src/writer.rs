@@ -447,9 +447,10 @@ impl<W: Write> Writer<W> {
         )
     }
 
-    /// Write an allocation whose backtrace the caller encoded, whole (no frames shared
-    /// with the previous allocation): `ncodes` codewords in `codewords`, for `nframes`
-    /// frames, as [`crate::share::Share::encode`] writes them. `misses` are the codes sent
+    /// Write an allocation whose backtrace the caller encoded: its first `common` frames
+    /// the previous allocation's (of the domain; 0 for a backtrace sent whole, as
+    /// [`crate::share::Share::encode`] writes them), then `ncodes` codewords in `codewords`
+    /// for `nframes` frames. `misses` are the codes sent
     /// whole among them, whose locations go out before the packet. A domain's allocations
     /// all come this way, or none do: the writer's own cache then knows nothing of the
     /// reader's, and packets carry no cache verifier.
@@ -461,6 +462,7 @@ impl<W: Write> Writer<W> {
         length: u64,
         nsamples: u64,
         source: AllocSource,
+        common: usize,
         nframes: usize,
         ncodes: usize,
         codewords: &[u8],
@@ -485,7 +487,7 @@ impl<W: Write> Writer<W> {
         let id = s.next_id;
         s.next_id += 1;
         let b = &mut s.packet;
-        let nenc_at = put_alloc_fields(b, code, length, nsamples, source, 0);
+        let nenc_at = put_alloc_fields(b, code, length, nsamples, source, common);
         b.extend(codewords);
         set_codeword_count(b, code, nenc_at, ncodes);
         for &c in misses {

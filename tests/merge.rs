@@ -427,7 +427,8 @@ fn encoded_ahead_output_does_not_depend_on_the_decoding_threads() {
 /// in `write_synthetic`, whose stacks change by a frame or so), not for the `fork/` set
 /// (deep stacks, much of them new each time), and never for a thinned input of several
 /// streams (a format-3 trace's domains into one format-2 domain), even when asked for;
-/// tagged processes are encoded ahead (their tag the root of every path).
+/// tagged processes are encoded ahead (their tag the root of every path), and so are
+/// streams alone in a format-3 domain.
 #[test]
 fn encoding_ahead_is_chosen_where_it_pays() {
     let dir = tempfile::tempdir().unwrap();
@@ -436,6 +437,24 @@ fn encoding_ahead_is_chosen_where_it_pays() {
     write_repeating(&b, 2, 1_000_100);
     let auto = MergeOptions::default();
     assert!(merge_and_compare(&[a.clone(), b.clone()], &auto).encoded_ahead);
+    // format 3: each alone in its domain, after what it keeps of its previous backtrace
+    let f3 = MergeOptions {
+        format: Some(3),
+        ..Default::default()
+    };
+    assert!(merge_and_compare(&[a.clone(), b.clone()], &f3).encoded_ahead);
+    // (the codewords the merging thread would write: only the packets' cache verifiers,
+    // of no use to a domain encoded ahead, differ)
+    let size = |encode_ahead| {
+        let o = MergeOptions {
+            encode_ahead,
+            ..f3.clone()
+        };
+        std::fs::metadata(merged(&[a.clone(), b.clone()], &o).1)
+            .unwrap()
+            .len()
+    };
+    assert_eq!(size(Some(true)), size(Some(false)));
     assert!(!merge_and_compare(&fork(), &auto).encoded_ahead);
     let forced = MergeOptions {
         encode_ahead: Some(true),
@@ -689,6 +708,16 @@ fn colliding_codes_of_different_executables_are_kept_apart() {
     );
     assert_eq!(r.inputs[0].remapped_codes, 0);
     assert_eq!(r.inputs[1].remapped_codes, 10);
+    // the same in format 3, each input alone in its domain (encoded ahead there, the codes
+    // sent whole written over with their merged codes)
+    let f3 = MergeOptions {
+        format: Some(3),
+        ..Default::default()
+    };
+    assert_eq!(
+        merge_and_compare(&[a.clone(), b.clone()], &f3).remapped_codes,
+        10
+    );
     // and never one input's frames on the other's allocations
     let (_d, out, _) = merged(
         &[a, b],
