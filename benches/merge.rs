@@ -18,6 +18,9 @@
 //! That program holds every event in memory (~5 GB for the synthetic set), so its time
 //! depends on the memory free, which is printed beside it.
 //!
+//! The first set is also merged with `--tag-processes` and to format 3 (each process in a
+//! domain of its own), each in turns with the plain merge, to show what those cost.
+//!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
 
 use memtrace_merge::{
@@ -477,28 +480,29 @@ fn events_of(paths: &[PathBuf]) -> u64 {
     n
 }
 
-/// The set merged with `--tag-processes` (a root frame naming its process on every
-/// backtrace) and without, in turns: the tagged merge's median and its paired ratio.
-fn tagged_in_turns(set: &[PathBuf], out: &Path) {
-    let (mut plain, mut tagged) = (Vec::new(), Vec::new());
-    run_merge_with(set, out, &["--tag-processes"]);
+/// The set merged with more options (`--tag-processes`, `--format 3`) and without, in
+/// turns: the median with them, without, and their paired ratio.
+fn options_in_turns(set: &[PathBuf], out: &Path, opts: &[&str]) {
+    let (mut plain, mut with) = (Vec::new(), Vec::new());
+    run_merge_with(set, out, opts);
     for k in 0..12 {
         let mut turn = [None, None];
         for t in [k % 2, 1 - k % 2] {
-            let opts: &[&str] = if t == 1 { &["--tag-processes"] } else { &[] };
-            turn[t] = Some(run_merge_with(set, out, opts).secs);
+            let o: &[&str] = if t == 1 { opts } else { &[] };
+            turn[t] = Some(run_merge_with(set, out, o).secs);
         }
         plain.push(turn[0].unwrap());
-        tagged.push(turn[1].unwrap());
+        with.push(turn[1].unwrap());
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
     };
-    let mut ratios: Vec<f64> = tagged.iter().zip(&plain).map(|(t, p)| t / p).collect();
+    let mut ratios: Vec<f64> = with.iter().zip(&plain).map(|(t, p)| t / p).collect();
+    let what = opts.join(" ");
     println!(
-        "  the same set with --tag-processes: median {:.3} s against {:.3} s untagged in turns (paired tagged/untagged {:.2})",
-        median(&mut tagged),
+        "  the same set with {what}: median {:.3} s against {:.3} s without in turns (paired with/without {:.2})",
+        median(&mut with),
         median(&mut plain),
         median(&mut ratios)
     );
@@ -642,7 +646,8 @@ fn main() {
             // (not a doubling of the first set)
         } else if length == 1 {
             first_rss = rss;
-            tagged_in_turns(&set, &out);
+            options_in_turns(&set, &out, &["--tag-processes"]);
+            options_in_turns(&set, &out, &["--format", "3"]);
         } else if let (Some(a), Some(b)) = (first_rss, rss) {
             println!(
                 "peak RSS when the inputs double in length: {:.1} MB -> {:.1} MB ({:+.1}%)",
