@@ -496,8 +496,9 @@ impl CacheWriter {
     }
 
     /// Encode `frames` (the new frames, caller-first) while the buffer stays within `limit`
-    /// bytes (the reference passes its position + 4096 - 10). Calls `on_miss(i)` for every
-    /// frame that misses the cache (its locations must be logged). Returns (codewords
+    /// bytes (the reference passes its position + 4096 - 10). Calls `on_miss(i, at)` for every
+    /// frame `i` that misses the cache (its locations must be logged), whose code's 8 bytes
+    /// are at `at` in `b`. Returns (codewords
     /// written, frames encoded): fewer frames than given means the backtrace was truncated.
     /// `LONG`: for many new frames, where deep recursion shows; its long runs of predicted
     /// frames are then counted without following each prediction (see
@@ -509,7 +510,7 @@ impl CacheWriter {
         frames: &[LocationCode],
         limit: usize,
         journal: Option<&mut Journal>,
-        on_miss: impl FnMut(usize),
+        on_miss: impl FnMut(usize, usize),
     ) -> (usize, usize) {
         let mut none = Journal::default();
         match journal {
@@ -548,7 +549,7 @@ impl CacheWriter {
         frames: &[LocationCode],
         hints: &mut [u16],
         limit: usize,
-        on_miss: impl FnMut(usize),
+        on_miss: impl FnMut(usize, usize),
     ) -> (usize, usize) {
         if hints.len() < frames.len() {
             return self.encode::<false>(b, alloc_id, frames, limit, None, on_miss);
@@ -602,7 +603,7 @@ impl CacheWriter {
         hints: &mut [u16],
         limit: usize,
         journal: &mut Journal,
-        mut on_miss: impl FnMut(usize),
+        mut on_miss: impl FnMut(usize, usize),
     ) -> (usize, usize) {
         const M: usize = CACHE_SIZE - 1;
         let (cache, date, next) = (&mut *self.cache, &mut *self.date, &mut *self.next);
@@ -633,7 +634,6 @@ impl CacheWriter {
             } else if cache[h2] == slot {
                 h2
             } else {
-                on_miss(pos);
                 let bucket = if date[h1] < date[h2] { h1 } else { h2 };
                 save(bucket, cache, date, next);
                 save(predictor, cache, date, next);
@@ -642,6 +642,7 @@ impl CacheWriter {
                 next[predictor & M] = bucket as u16;
                 b.u16(((bucket << 2) | 3) as u16);
                 b.u64(slot);
+                on_miss(pos, b.len() - 8);
                 if H {
                     hints[pos] = bucket as u16;
                 }
@@ -721,7 +722,7 @@ mod tests {
             let mut b = WriteBuf::default();
             let mut misses = 0;
             let (n, done) =
-                w.encode::<false>(&mut b, id as i64, bt, usize::MAX, None, |_| misses += 1);
+                w.encode::<false>(&mut b, id as i64, bt, usize::MAX, None, |_, _| misses += 1);
             assert_eq!(done, bt.len());
             let mut c = Cursor::new(b.bytes());
             r.decode(&mut c, n, 0, |_| true).unwrap();
@@ -898,13 +899,13 @@ mod tests {
             // (with and without a journal, as the writer's two uses)
             let mut journal = Journal::default();
             let j = (id % 2 == 0).then_some(&mut journal);
-            let (ncodes, done) = w.encode::<true>(&mut b, id, &bt, usize::MAX, j, |_| {});
+            let (ncodes, done) = w.encode::<true>(&mut b, id, &bt, usize::MAX, j, |_, _| {});
             assert_eq!(done, bt.len());
             let want = reference_encode(&mut cache, &mut date, &mut next, id, &bt);
             assert_eq!(b.bytes(), &want[..], "backtrace {id}");
             hints.resize(bt.len(), 0);
             let mut hb = WriteBuf::default();
-            h.encode_hinted(&mut hb, id, &bt, &mut hints, usize::MAX, |_| {});
+            h.encode_hinted(&mut hb, id, &bt, &mut hints, usize::MAX, |_, _| {});
             assert_eq!(hb.bytes(), &want[..], "backtrace {id}, hinted");
             // and they decode back (until code 0 comes in, at 1500, which the reference
             // encodes as hits on entries no miss filled, and which this reader refuses),
@@ -954,11 +955,18 @@ mod tests {
             let from = rnd(keep as u64 + 1) as usize;
             let limit = if rnd(50) == 0 { 40 } else { usize::MAX };
             let mut want = WriteBuf::default();
-            let (n1, d1) = plain.encode::<false>(&mut want, id, &bt[from..], limit, None, |_| {});
+            let (n1, d1) =
+                plain.encode::<false>(&mut want, id, &bt[from..], limit, None, |_, _| {});
             let mut got = WriteBuf::default();
             let before: Vec<u16> = hints[from..bt.len()].to_vec();
-            let (n2, d2) =
-                hinted.encode_hinted(&mut got, id, &bt[from..], &mut hints[from..], limit, |_| {});
+            let (n2, d2) = hinted.encode_hinted(
+                &mut got,
+                id,
+                &bt[from..],
+                &mut hints[from..],
+                limit,
+                |_, _| {},
+            );
             assert_eq!((n1, d1), (n2, d2), "backtrace {id}");
             assert_eq!(got.bytes(), want.bytes(), "backtrace {id}");
             for k in from..from + d2 {
@@ -1010,7 +1018,7 @@ mod tests {
         let mut w = CacheWriter::default();
         let bt: Vec<LocationCode> = (0..1000).map(|i| LocationCode(i * 977 + 3)).collect();
         let mut b = WriteBuf::default();
-        let (n, done) = w.encode::<false>(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, None, |_| {});
+        let (n, done) = w.encode::<false>(&mut b, 0, &bt, MAX_LENGTH - MAX_ENTRY, None, |_, _| {});
         assert!(done < bt.len());
         assert!(b.len() <= MAX_LENGTH);
         let mut r = CacheReader::default();
@@ -1024,17 +1032,17 @@ mod tests {
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[1, 2, 3]), usize::MAX, None, |_, _| {});
         r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
             .unwrap();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode::<false>(&mut b, 1, &codes(&[9]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 1, &codes(&[9]), usize::MAX, None, |_, _| {});
         r.decode(&mut Cursor::new(b.bytes()), n, 10, |_| true)
             .unwrap();
         assert_eq!(r.backtrace(), &codes(&[1, 2, 3])[..]);
         // the cache still learned code 9
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode::<false>(&mut b, 2, &codes(&[9]), usize::MAX, None, |_| {
+        let (n, _) = w.encode::<false>(&mut b, 2, &codes(&[9]), usize::MAX, None, |_, _| {
             panic!("9 must hit")
         });
         r.decode(&mut Cursor::new(b.bytes()), n, 0, |_| true)
@@ -1046,7 +1054,7 @@ mod tests {
     fn undefined_codes_and_empty_entries_are_errors() {
         let mut w = CacheWriter::default();
         let mut b = WriteBuf::default();
-        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[5]), usize::MAX, None, |_| {});
+        let (n, _) = w.encode::<false>(&mut b, 0, &codes(&[5]), usize::MAX, None, |_, _| {});
         let mut r = CacheReader::default();
         let e = r.decode(&mut Cursor::new(b.bytes()), n, 0, |c| c.0 != 5);
         assert_eq!(e, Err(Malformed::UndefinedLocation { code: 5 }));

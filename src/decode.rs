@@ -176,10 +176,8 @@ pub(crate) struct Encoder {
     pub share: Option<Share>,
     /// Its share's entries (the rest of these tables is unused); alone, the domain's.
     pub tables: CacheWriter,
-    /// Alone: the hints of the new frames (the encoder sets them), and the frames of the
-    /// codes it sends whole.
+    /// Alone: the hints of the new frames (the encoder sets them).
     solo_hints: Vec<u16>,
-    solo_misses: Vec<usize>,
     /// Allocations encoded so far (each encoding's date in the cache).
     pub allocs: i64,
     /// For a tagged process: the backtrace as encoded, [`TAG_FRAME`] first, and the
@@ -210,7 +208,6 @@ impl Encoder {
             share: of.map(Share::new),
             tables: CacheWriter::default(),
             solo_hints: Vec::new(),
-            solo_misses: Vec::new(),
             allocs: 0,
             tagged: tagged.then(|| (vec![TAG_FRAME], vec![0])),
             thinner,
@@ -886,7 +883,6 @@ impl EventSink for Filler<'_> {
                 share,
                 tables,
                 solo_hints,
-                solo_misses,
                 allocs,
                 tagged,
                 thinner,
@@ -919,49 +915,36 @@ impl EventSink for Filler<'_> {
             enc.u32(0);
             let misses = &mut self.b.misses;
             *allocs += 1;
-            let Some(share) = share else {
-                // alone in the domain: the new frames, after the `keep` of the last one
-                enc.u32(keep as u32);
-                solo_hints.clear();
-                solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
-                solo_misses.clear();
-                let start = enc.len();
-                let (ncodes, done) = tables.encode_hinted(
-                    enc,
-                    *allocs,
-                    &frames[keep..],
-                    solo_hints,
-                    start + ENCODING_ROOM,
-                    |i| solo_misses.push(keep + i),
-                );
-                if !solo_misses.is_empty() {
-                    sent_whole(enc.bytes(), start, solo_misses, frames, misses);
+            // (the frames the output keeps of the previous backtrace, then the encoding)
+            let (common, (ncodes, done)) = match share {
+                Some(share) => (
+                    0,
+                    share.encode(
+                        tables,
+                        enc,
+                        *allocs,
+                        frames,
+                        hints,
+                        keep,
+                        head + 4 + ENCODING_ROOM,
+                        |i, at| misses.push((at as u32, frames[i])),
+                    ),
+                ),
+                None => {
+                    // alone in the domain: the new frames, after the `keep` of the last one
+                    enc.u32(keep as u32);
+                    solo_hints.clear();
+                    solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
+                    let limit = enc.len() + ENCODING_ROOM;
+                    let new = &frames[keep..];
+                    let on_miss = |i, at: usize| misses.push((at as u32, new[i]));
+                    let encoded =
+                        tables.encode_hinted(enc, *allocs, new, solo_hints, limit, on_miss);
+                    (keep, encoded)
                 }
-                let len = enc.len() - head - 4;
-                let cut = if keep + done < frames.len() { CUT } else { 0 };
-                enc.set_u32(head, len as u32 | cut);
-                return self.push_alloc(
-                    time,
-                    id,
-                    length,
-                    nsamples,
-                    source,
-                    ncodes as u32,
-                    done as u32,
-                );
             };
-            let (ncodes, done) = share.encode(
-                tables,
-                enc,
-                *allocs,
-                frames,
-                hints,
-                keep,
-                head + 4 + ENCODING_ROOM,
-                |i, at| misses.push((at as u32, frames[i])),
-            );
             let len = enc.len() - head - 4;
-            let cut = if done < frames.len() { CUT } else { 0 };
+            let cut = if common + done < frames.len() { CUT } else { 0 };
             enc.set_u32(head, len as u32 | cut);
             (ncodes, done)
         } else {
@@ -999,34 +982,6 @@ impl EventSink for Filler<'_> {
     #[inline]
     fn full(&self) -> bool {
         self.b.frames.len() >= BATCH_FRAMES || self.b.enc.len() >= 8 * BATCH_FRAMES
-    }
-}
-
-/// The codes sent whole by the codewords from `start` in `bytes`, each with the offset of
-/// its 8 bytes there, into `out`: `frames[i]` for each `i` in `sent`, in order.
-#[cold]
-#[inline(never)]
-fn sent_whole(
-    bytes: &[u8],
-    start: usize,
-    sent: &[usize],
-    frames: &[LocationCode],
-    out: &mut Vec<(u32, LocationCode)>,
-) {
-    let (mut k, mut next) = (start, sent.iter());
-    while k + 1 < bytes.len() {
-        let w = u16::from_le_bytes([bytes[k], bytes[k + 1]]);
-        k += 2;
-        match w & 3 {
-            2 => k += 1,
-            3 => {
-                if let Some(&i) = next.next() {
-                    out.push((k as u32, frames[i]));
-                }
-                k += 8;
-            }
-            _ => {}
-        }
     }
 }
 

@@ -526,7 +526,7 @@ impl<W: Write> Writer<W> {
         let limit = b.len() + backtrace::MAX_LENGTH - backtrace::MAX_ENTRY;
         let new_locs = &mut s.new_locs;
         let mut missing = None;
-        let on_miss = |i: usize| match resolve(new[i]) {
+        let on_miss = |i: usize, _| match resolve(new[i]) {
             Some(l) => new_locs.push((new[i], l)),
             None => missing = Some(new[i]),
         };
@@ -624,7 +624,7 @@ impl<W: Write> Writer<W> {
                 } else {
                     None
                 },
-                |i| match resolve(new[i]) {
+                |i, _| match resolve(new[i]) {
                     Some(l) => new_locs.push((new[i], l)),
                     None => missing = Some(new[i]),
                 },
