@@ -460,12 +460,16 @@ fn by_placement(runs: &[(f64, f64)]) -> [(usize, f64, f64); 2] {
             t.push(secs);
             rt.push(ns);
         }
-        t.sort_by(f64::total_cmp);
-        rt.sort_by(f64::total_cmp);
-        let mid = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
-        (t.len(), mid(&t), mid(&rt))
+        (t.len(), median(&mut t), median(&mut rt))
     };
     [part(false), part(true)]
+}
+
+/// The median of `v` (the upper one of an even count, as [`Samples::timed`] takes it; NaN
+/// when empty), sorting it.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn events_of(paths: &[PathBuf]) -> u64 {
@@ -494,10 +498,6 @@ fn options_in_turns(set: &[PathBuf], out: &Path, opts: &[&str]) {
         plain.push(turn[0].unwrap());
         with.push(turn[1].unwrap());
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
     let mut ratios: Vec<f64> = with.iter().zip(&plain).map(|(t, p)| t / p).collect();
     let what = opts.join(" ");
     println!(

@@ -139,10 +139,9 @@ pub struct MergeOptions {
     /// thread would. None: when that pays (backtraces that repeat much of the stream's
     /// previous one); never beyond 16 streams a domain, for a lone input (copied as it
     /// is), nor for a thinned input of several streams (its draws are made again as its
-    /// stream is encoded). The output is valid
-    /// either way, but not the same bytes. Encoding ahead, a backtrace too deep for its
-    /// share (more distinct frames than the share holds) has the merge made again without
-    /// encoding ahead, rather than cut.
+    /// stream is encoded). The output is valid either way, but not the same bytes.
+    /// Encoding ahead, a backtrace too deep for its share (more distinct frames than the
+    /// share holds) has the merge made again without encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
 }
 
@@ -935,11 +934,10 @@ fn merge_attempt(
         let members: Vec<usize> = (0..streams.len())
             .filter(|&j| streams[j].out_slot == slot)
             .collect();
-        // (a thinned input's draws are made again as its stream is encoded, in the order
-        // the merging thread makes them: that of its one stream)
         // (a stream alone in its domain, format 3, is encoded ahead in the domain's whole
-        // cache, after what it keeps of its previous backtrace; never a lone input's, which
-        // the merge copies as it is)
+        // cache, after what it keeps of its previous backtrace, but never a lone input's,
+        // which the merge copies as it is; a thinned input's draws are made again as its
+        // stream is encoded, in the order the merging thread makes them: its one stream's)
         let possible = (1..=MAX_SHARES).contains(&members.len())
             && !single
             && members.iter().all(|&j| {
