@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// One event of a batch, at its time. (40 bytes: the merging thread reads every one
-/// decoded on another core, and the fewer cache lines they take, the sooner.)
+/// One event of a batch, at its time. (32 bytes, two to a cache line: the merging thread
+/// reads every one decoded on another core, and the fewer cache lines they take, the
+/// sooner.)
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timed {
     pub time: u64,
@@ -29,17 +30,17 @@ pub(crate) struct Timed {
 /// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
 /// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
 /// `enc`, for `new` frames (`new` is [`THINNED_OUT`], and nothing encoded, for one that
-/// thinning leaves out). `nsamples` is [`MANY_SAMPLES`] when the count is that or more,
-/// and then the batch's next entry in `many_samples`.
+/// thinning leaves out). `length` is [`WIDE_LENGTH`] and `nsamples` [`WIDE_SAMPLES`] when
+/// the value is that or more, and then the batch's next entry in `wide` (the length first).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Ev {
     Alloc {
         id: u64,
-        length: u64,
-        nsamples: u32,
-        source: AllocSource,
+        length: u32,
         keep: u32,
         new: u32,
+        nsamples: u16,
+        source: AllocSource,
     },
     Promote {
         id: u64,
@@ -49,10 +50,12 @@ pub(crate) enum Ev {
     },
 }
 
-const _: () = assert!(std::mem::size_of::<Timed>() == 40);
+const _: () = assert!(std::mem::size_of::<Timed>() == 32);
 
-/// An allocation's `nsamples` that stands for the batch's next entry in `many_samples`.
-pub(crate) const MANY_SAMPLES: u32 = u32::MAX;
+/// An allocation's `length` that stands for the batch's next entry in `wide`.
+pub(crate) const WIDE_LENGTH: u32 = u32::MAX;
+/// An allocation's `nsamples` that stands for the batch's next entry in `wide`.
+pub(crate) const WIDE_SAMPLES: u16 = u16::MAX;
 
 impl Timed {
     /// Its place in the merged order, given its stream's bits of [`order_key`].
@@ -71,8 +74,8 @@ impl Timed {
 #[derive(Default)]
 pub(crate) struct Batch {
     pub evs: Vec<Timed>,
-    /// The sample counts of allocations whose `nsamples` is [`MANY_SAMPLES`], in order.
-    pub many_samples: Vec<u64>,
+    /// The lengths and sample counts too wide for their fields in [`Ev::Alloc`], in order.
+    pub wide: Vec<u64>,
     pub frames: Vec<LocationCode>,
     /// The input's cache entry of each frame: hints for the output's encoder, whose cache
     /// often places a code where the input's did.
@@ -112,7 +115,7 @@ impl Batch {
     fn with_capacity(events: usize) -> Batch {
         Batch {
             evs: Vec::with_capacity(events),
-            many_samples: Vec::new(),
+            wide: Vec::new(),
             // (16 new frames an event is plenty but for deep stacks, which grow it)
             frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
             slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
@@ -154,7 +157,7 @@ impl Batch {
     fn clear(&mut self) {
         self.frames_used = self.frames.len();
         self.evs.clear();
-        self.many_samples.clear();
+        self.wide.clear();
         self.frames.clear();
         self.slots.clear();
         self.locs.clear();
@@ -829,13 +832,8 @@ impl Filler<'_> {
         keep: u32,
         new: u32,
     ) {
-        let nsamples = u32::try_from(nsamples)
-            .ok()
-            .filter(|&n| n != MANY_SAMPLES)
-            .unwrap_or_else(|| {
-                self.b.many_samples.push(nsamples);
-                MANY_SAMPLES
-            });
+        let length = narrow(length, WIDE_LENGTH, &mut self.b.wide);
+        let nsamples = narrow(nsamples, WIDE_SAMPLES, &mut self.b.wide);
         self.b.evs.push(Timed {
             time,
             ev: Ev::Alloc {
@@ -847,6 +845,19 @@ impl Filler<'_> {
                 new,
             },
         });
+    }
+}
+
+/// `v` in a narrower field, or `wide` (and `v` pushed on `wides`) when it is that or does
+/// not fit.
+#[inline(always)]
+fn narrow<T: TryFrom<u64> + PartialEq + Copy>(v: u64, wide: T, wides: &mut Vec<u64>) -> T {
+    match T::try_from(v) {
+        Ok(n) if n != wide => n,
+        _ => {
+            wides.push(v);
+            wide
+        }
     }
 }
 

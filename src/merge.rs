@@ -4,7 +4,8 @@
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
 use crate::decode::{
-    order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, MANY_SAMPLES, TAG_FRAME, THINNED_OUT,
+    order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, TAG_FRAME, THINNED_OUT, WIDE_LENGTH,
+    WIDE_SAMPLES,
 };
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
@@ -442,8 +443,8 @@ struct Stream {
     /// kept of the previous backtrace ([`StreamSpec::solo`])
     solo: bool,
     miss_pos: usize,
-    /// the batch's next entry in `many_samples`
-    many_pos: usize,
+    /// the batch's next entry in `wide`
+    wide_pos: usize,
     /// its events' bits of [`order_key`] below the time and rank
     key_bits: u128,
     /// The stream's codes that mean something else in the merged trace, with their new
@@ -453,15 +454,19 @@ struct Stream {
 }
 
 impl Stream {
-    /// An allocation's sample count, from its event's `nsamples` (see [`Ev`]).
+    /// An allocation's length and sample count, from its event's (see [`Ev`]).
     #[inline(always)]
-    fn samples(&mut self, nsamples: u32) -> u64 {
-        if nsamples == MANY_SAMPLES {
-            self.many_pos += 1;
-            self.batch.many_samples[self.many_pos - 1]
-        } else {
-            nsamples as u64
-        }
+    fn length_and_samples(&mut self, length: u32, nsamples: u16) -> (u64, u64) {
+        let mut wide = |v: u64, escape: bool| {
+            if escape {
+                self.wide_pos += 1;
+                self.batch.wide[self.wide_pos - 1]
+            } else {
+                v
+            }
+        };
+        let length = wide(length as u64, length == WIDE_LENGTH);
+        (length, wide(nsamples as u64, nsamples == WIDE_SAMPLES))
     }
 }
 
@@ -910,7 +915,7 @@ fn merge_attempt(
                 enc_pos: 0,
                 solo: false,
                 miss_pos: 0,
-                many_pos: 0,
+                wide_pos: 0,
                 key_bits: order_key(0, k, 0, streams.len()),
                 remap: IntMap::default(),
             });
@@ -1172,7 +1177,7 @@ fn merge_streams(
                     keep: ncodes,
                     new: nframes,
                 } if s.batch.encoded => {
-                    let nsamples = s.samples(nsamples);
+                    let (length, nsamples) = s.length_and_samples(length, nsamples);
                     let kept = st.read_alloc(nsamples);
                     // (the decoder drew the same, and encoded nothing of one left out)
                     if kept.is_none() != (nframes == THINNED_OUT) {
@@ -1232,7 +1237,7 @@ fn merge_streams(
                     keep,
                     new,
                 } => {
-                    let nsamples = s.samples(nsamples);
+                    let (length, nsamples) = s.length_and_samples(length, nsamples);
                     let keep = tag + keep as usize;
                     let bt = &mut bts[i];
                     bt.frames.truncate(keep);
@@ -1313,7 +1318,7 @@ fn merge_streams(
                 s.loc_pos = 0;
                 s.enc_pos = 0;
                 s.miss_pos = 0;
-                s.many_pos = 0;
+                s.wide_pos = 0;
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {

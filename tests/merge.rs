@@ -860,14 +860,15 @@ fn thinned_by_slow(input: &Path) -> (tempfile::TempDir, PathBuf, CompareReport) 
     (dir, out, c)
 }
 
-/// The sample counts of `path`'s allocations of `length` words, in order.
-fn samples_of_length(path: &Path, length: u64) -> Vec<u64> {
+/// The (length, sample count) of `path`'s allocations of at least `min_length` words, in
+/// order.
+fn long_allocs(path: &Path, min_length: u64) -> Vec<(u64, u64)> {
     let mut r = Reader::open(path).unwrap();
     let mut got = Vec::new();
     while let Some(e) = r.next_event().unwrap() {
         if let Event::Alloc(a) = e {
-            if a.length == length {
-                got.push(a.nsamples);
+            if a.length >= min_length {
+                got.push((a.length, a.nsamples));
             }
         }
     }
@@ -875,19 +876,30 @@ fn samples_of_length(path: &Path, length: u64) -> Vec<u64> {
 }
 
 #[test]
-fn sample_counts_past_32_bits_are_kept() {
-    // (a merge's batches hold counts that do not fit 32 bits apart from the events)
+fn lengths_and_sample_counts_too_wide_for_a_batch_event_are_kept() {
+    // (a merge's batches hold lengths that do not fit 32 bits, and counts that do not fit
+    // 16, apart from the events, in order: the length, then the count)
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("big.ctf");
     let b = dir.path().join("other.ctf");
     write_synthetic(&b, 2, 1_000_005, "other.ml", 0);
     let mut w = lossless_writer(&big, 2, 1, "big.ml");
     let counts = [
+        u16::MAX as u64 - 1,
+        u16::MAX as u64,
+        u16::MAX as u64 + 1,
         u32::MAX as u64 - 1,
         u32::MAX as u64,
         u32::MAX as u64 + 1,
         1 << 40,
         (1 << 62) - 1,
+    ];
+    let lengths = [
+        1 << 20,
+        u32::MAX as u64 - 1,
+        u32::MAX as u64,
+        u32::MAX as u64 + 1,
+        1 << 50,
     ];
     let mut t = 1_000_000;
     let mut want = Vec::new();
@@ -898,13 +910,14 @@ fn sample_counts_past_32_bits_are_kept() {
         } else {
             1 + k % 3
         };
-        want.push(n);
+        let length = lengths[(k / 3) as usize % lengths.len()];
+        want.push((length, n));
         let bt: Vec<LocationCode> = (0..2 + k % 5).map(|i| LocationCode(7 + i)).collect();
         let l = |c: LocationCode| Some(locs("big.ml", "g", c.0 as u32));
         w.put_alloc(
             Timestamp(t),
             DomainId(0),
-            1 << 20,
+            length,
             n,
             AllocSource::Major,
             &bt,
@@ -916,16 +929,18 @@ fn sample_counts_past_32_bits_are_kept() {
     let inputs = [big, b];
     merge_and_compare(&inputs, &MergeOptions::default());
     let (_d, out, _) = merged(&inputs, &MergeOptions::default());
-    assert_eq!(samples_of_length(&out, 1 << 20), want);
+    assert_eq!(long_allocs(&out, 1 << 20), want);
     // thinned to a slower input's rate (a tenth), the counts past 32 bits stay within
     // what was read, and the comparison (largest to largest) holds
     let (_d, out, c) = thinned_by_slow(&inputs[0]);
     assert!(c.equal(), "{c:?}");
-    let big = (samples_of_length(&out, 1 << 20).iter())
-        .filter(|&&n| n > u32::MAX as u64)
-        .count();
+    let got = long_allocs(&out, 1 << 20);
+    let big = got.iter().filter(|&&(_, n)| n > u32::MAX as u64).count();
     // (of each 2^40 and 2^62 - 1 count, about a tenth is left: still past 32 bits)
     assert!(big > 100, "{big} thinned counts past 32 bits");
+    // (and every length is one of those written, in the order written)
+    let mut written = want.iter().map(|&(l, _)| l);
+    assert!(got.iter().all(|&(l, _)| written.any(|w| w == l)));
 }
 
 #[test]
