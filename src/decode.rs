@@ -318,6 +318,9 @@ struct Shared {
     hooks: Hooks,
     /// Keeps the decoding threads off the merging thread's CPU.
     placement: Arc<Placement>,
+    /// The stream the merging thread last filled a batch of ahead, which it fills again
+    /// while it can (see [`Decoder::fill_ahead`]).
+    helped: AtomicUsize,
 }
 
 /// (Tests) what the decoding threads do besides decoding.
@@ -401,6 +404,7 @@ impl Decoder {
             batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
             hooks,
             placement,
+            helped: AtomicUsize::new(usize::MAX),
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -492,32 +496,44 @@ impl Decoder {
         }
         let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.with(|n| n.set((n.get().0 + 1, n.get().1, n.get().2 + b.encoded as u64)));
+        FILLED_HERE.with(|n| {
+            n.set(Filled {
+                needed: n.get().needed + 1,
+                encoded: n.get().encoded + b.encoded as u64,
+                ..n.get()
+            })
+        });
         Some(b)
     }
 
     /// While stream `i` is being filled by its decoding thread: fill the next batch of
-    /// the stream (other than `i`) with the fewest queued, and queue it, as its decoding
-    /// thread would, so that the merging thread works rather than wait (false: none could
-    /// be filled).
+    /// another stream, and queue it, as its decoding thread would, so that the merging
+    /// thread works rather than wait (false: none could be filled). The stream it filled
+    /// ahead last while that one has room, else the one with the fewest queued: a stream's
+    /// decoding tables (~300 KiB in all) are then in this core's caches, rather than
+    /// fetched from the decoding thread's core for one batch and back for its next. On
+    /// the 94 MB synthetic set that took 0.92-0.94 of the time (20 and 30 pairs in turns),
+    /// on the others 0.97-0.98.
     fn fill_ahead(&self, i: usize) -> bool {
         let sh = &*self.shared;
+        let h = sh.helped.load(Ordering::Relaxed);
         let mut best = None;
-        let mut fewest = DEPTH;
-        for (j, q) in sh.queues.iter().enumerate() {
-            let n = q.queued.load(Ordering::Relaxed);
-            if j == i || n >= fewest {
-                continue;
-            }
-            // (not a stream whose decoding thread panicked while filling it)
-            let Ok(st) = sh.states[j].try_lock() else {
-                continue;
-            };
-            if st.as_ref().is_some_and(|s| !s.done) {
-                fewest = n;
-                best = Some((j, st));
-                if n == 0 {
-                    break;
+        if h != i && h < sh.queues.len() && sh.queues[h].queued.load(Ordering::Relaxed) < DEPTH {
+            best = self.fillable(h).map(|st| (h, st));
+        }
+        if best.is_none() {
+            let mut fewest = DEPTH;
+            for (j, q) in sh.queues.iter().enumerate() {
+                let n = q.queued.load(Ordering::Relaxed);
+                if j == i || n >= fewest {
+                    continue;
+                }
+                if let Some(st) = self.fillable(j) {
+                    fewest = n;
+                    best = Some((j, st));
+                    if n == 0 {
+                        break;
+                    }
                 }
             }
         }
@@ -527,12 +543,27 @@ impl Decoder {
         let Some(s) = st.as_mut() else {
             return false;
         };
+        sh.helped.store(j, Ordering::Relaxed);
         let b = fill_next(sh, s);
         #[cfg(test)]
-        FILLED_HERE.with(|n| n.set((n.get().0, n.get().1 + 1, n.get().2 + b.encoded as u64)));
+        FILLED_HERE.with(|n| {
+            n.set(Filled {
+                ahead: n.get().ahead + 1,
+                encoded: n.get().encoded + b.encoded as u64,
+                ahead_other: n.get().ahead_other + (j != h) as u64,
+                ..n.get()
+            })
+        });
         // queued before the lock is let go: batches stay in order
         sh.queues[j].push(b);
         true
+    }
+
+    /// Stream `j`'s decoding state, when no other thread holds it and it has batches left
+    /// (not a stream whose decoding thread panicked while filling it).
+    fn fillable(&self, j: usize) -> Option<std::sync::MutexGuard<'_, Option<DecState>>> {
+        let st = self.shared.states[j].try_lock().ok()?;
+        st.as_ref().is_some_and(|s| !s.done).then_some(st)
     }
 
     fn poke(&self, w: usize) {
@@ -629,12 +660,23 @@ struct DecState {
     counted: u64,
 }
 
+/// (Tests) batches a thread filled as the merging thread.
+#[cfg(test)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Filled {
+    /// of the stream it needed
+    pub needed: u64,
+    /// of other streams (ahead)
+    pub ahead: u64,
+    /// of either, encoded in a share
+    pub encoded: u64,
+    /// ahead, of another stream than the one it filled ahead before
+    pub ahead_other: u64,
+}
+
 #[cfg(test)]
 thread_local! {
-    /// (Tests) batches this thread filled as the merging thread: of the stream it needed,
-    /// of other streams (ahead), and how many of either it encoded in a share.
-    pub(crate) static FILLED_HERE: std::cell::Cell<(u64, u64, u64)> =
-        const { std::cell::Cell::new((0, 0, 0)) };
+    pub(crate) static FILLED_HERE: std::cell::Cell<Filled> = std::cell::Cell::new(Filled::default());
 }
 
 /// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).

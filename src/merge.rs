@@ -1607,17 +1607,26 @@ mod tests {
             };
             let (want, remapped) = run(3, Hooks::default());
             for (what, hooks) in slow_decoding() {
-                let before = crate::decode::FILLED_HERE.get();
-                let (got, _) = run(1, hooks);
-                let encoded = crate::decode::FILLED_HERE.get().2 - before.2;
+                // (until a merge in which the merging thread encoded 5 batches or more:
+                // on a busy machine the decoding thread may still fill nearly all)
+                let mut most = 0;
+                for _ in 0..5 {
+                    let before = crate::decode::FILLED_HERE.get();
+                    let (got, _) = run(1, hooks);
+                    let encoded = crate::decode::FILLED_HERE.get().encoded - before.encoded;
+                    assert!(
+                        got == want,
+                        "{what} ({} inputs, {remapped} codes remapped): other bytes",
+                        set.len()
+                    );
+                    most = most.max(encoded);
+                    if most >= 5 {
+                        break;
+                    }
+                }
                 assert!(
-                    encoded >= 5,
-                    "{what}: only {encoded} batches encoded by the merging thread ({} inputs)",
-                    set.len()
-                );
-                assert!(
-                    got == want,
-                    "{what} ({} inputs, {remapped} codes remapped): other bytes",
+                    most >= 5,
+                    "{what}: only {most} batches encoded by the merging thread ({} inputs)",
                     set.len()
                 );
             }
@@ -1718,6 +1727,7 @@ mod tests {
         let mut set = fork(&["parent", "child-1", "child-2", "child-3", "child-4"]);
         set.push(data("v3/multidomain.ctf"));
         // (format 3 keeps each input in a domain of its own: no shares to encode ahead in)
+        let (mut ahead_all, mut ahead_other_all) = (0, 0);
         for (format, ahead) in [(2, false), (3, false), (2, true)] {
             let run = |threads: usize, hooks: Hooks| {
                 let out = dir.path().join("out.ctf");
@@ -1734,31 +1744,50 @@ mod tests {
             };
             let want = run(3, Hooks::default());
             for (what, hooks) in slow_decoding() {
-                let before = crate::decode::FILLED_HERE.get();
-                let got = run(1, hooks);
-                let after = crate::decode::FILLED_HERE.get();
-                let (filled, filled_ahead, encoded) =
-                    (after.0 - before.0, after.1 - before.1, after.2 - before.2);
-                let (here, done) = if hooks.hold.is_zero() {
-                    ("filled", filled)
-                } else {
-                    ("filled ahead", filled_ahead)
-                };
-                assert!(
-                    done >= 20,
-                    "format {format}, {what}: only {done} batches {here} by the merging thread"
-                );
-                if ahead && hooks.hold.is_zero() {
+                // (until a merge in which the merging thread did the most of the work, 20
+                // batches or more: on a busy machine the decoding thread may still do it)
+                let mut shortfall = String::new();
+                for _ in 0..5 {
+                    let before = crate::decode::FILLED_HERE.get();
+                    let got = run(1, hooks);
+                    let after = crate::decode::FILLED_HERE.get();
                     assert!(
-                        encoded >= 20,
-                        "only {encoded} batches encoded ahead here, of {filled} filled"
+                        got == want,
+                        "format {format}, ahead {ahead}, {what}: other bytes"
                     );
+                    let (filled, filled_ahead, encoded, ahead_other) = (
+                        after.needed - before.needed,
+                        after.ahead - before.ahead,
+                        after.encoded - before.encoded,
+                        after.ahead_other - before.ahead_other,
+                    );
+                    ahead_all += filled_ahead;
+                    ahead_other_all += ahead_other;
+                    let (here, done) = if hooks.hold.is_zero() {
+                        ("filled", filled)
+                    } else {
+                        ("filled ahead", filled_ahead)
+                    };
+                    shortfall = if done < 20 {
+                        format!("format {format}, {what}: only {done} batches {here} by the merging thread")
+                    } else if ahead && hooks.hold.is_zero() && encoded < 20 {
+                        format!("only {encoded} batches encoded ahead here, of {filled} filled")
+                    } else {
+                        String::new()
+                    };
+                    if shortfall.is_empty() {
+                        break;
+                    }
                 }
-                assert!(
-                    got == want,
-                    "format {format}, ahead {ahead}, {what}: other bytes"
-                );
+                assert!(shortfall.is_empty(), "{shortfall}");
             }
         }
+        // Filling ahead, the merging thread keeps to one stream while it has room (its
+        // tables stay in this core's caches): about 40% of its batches ahead are of
+        // another stream than the one before, 80% when it takes the one with the fewest.
+        assert!(
+            ahead_all >= 100 && ahead_other_all * 5 <= ahead_all * 3,
+            "{ahead_other_all} of {ahead_all} batches filled ahead of another stream than the last"
+        );
     }
 }
