@@ -12,7 +12,7 @@ use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
 use crate::info::TraceInfo;
 use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
-use crate::output::BackgroundFile;
+use crate::output::OutputFile;
 use crate::placement::Placement;
 use crate::reader::{scan_domains, Reader};
 use crate::share::ShareOf;
@@ -558,7 +558,7 @@ fn left_out_not_live(warnings: &mut Warnings, id: u64, collect: bool) {
 #[inline(always)]
 fn follow_object(
     st: &mut InputState,
-    w: &mut Writer<BackgroundFile>,
+    w: &mut Writer<OutputFile>,
     id: u64,
     time: u64,
     collect: bool,
@@ -592,7 +592,7 @@ fn follow_object(
 #[cold]
 fn release_waiting(
     st: &mut InputState,
-    w: &mut Writer<BackgroundFile>,
+    w: &mut Writer<OutputFile>,
     id: u64,
     time: u64,
 ) -> Result<()> {
@@ -985,9 +985,15 @@ fn merge_attempt(
     let pipe = Decoder::start(specs, opened.len(), threads, hooks, placement.clone())
         .map_err(|e| Error::Internal(format!("cannot start the decoding threads: {e}")))?;
     let (tmp, file) = TempOutput::create(output)?;
-    // The file is written on a thread of its own: the merging thread is the busiest.
-    let out = BackgroundFile::placed(file, Some(placement))
-        .map_err(|e| Error::io(output, "start writing", e))?;
+    // The file is written on a thread of its own where a CPU is free for it (the merging
+    // thread is the busiest), else on this one (see [`OutputFile::here`]).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = if cpus > threads + 1 {
+        OutputFile::on_thread(file, Some(placement))
+            .map_err(|e| Error::io(output, "start writing", e))?
+    } else {
+        OutputFile::here(file)
+    };
     let wopts = WriterOptions {
         version: format,
         lossless: true,
@@ -1125,7 +1131,7 @@ fn merge_streams(
     states: &mut [InputState],
     bts: &mut [Backtrace],
     codes: &mut Codes,
-    w: &mut Writer<BackgroundFile>,
+    w: &mut Writer<OutputFile>,
     pipe: &Decoder,
     progress: &mut Progress,
 ) -> Result<Merged> {
