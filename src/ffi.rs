@@ -25,6 +25,16 @@ pub fn install_interrupt_handler() {
     }
 }
 
+/// Make a write past the file size limit (`ulimit -f`) fail with an error (EFBIG) that the
+/// merge reports, naming its output, rather than kill the process with SIGXFSZ. For the
+/// command line, as [`install_interrupt_handler`].
+pub fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 /// A path as the system takes it (no NUL inside).
 #[cfg(target_os = "linux")]
 fn c_path(p: &Path) -> std::io::Result<std::ffi::CString> {

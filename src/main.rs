@@ -178,6 +178,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 encode_ahead: None,
             };
             memtrace_merge::ffi::install_interrupt_handler();
+            memtrace_merge::ffi::ignore_file_size_signal();
             let report = memtrace_merge::merge::merge(&inputs, &output, &opts);
             if report.is_err()
                 && memtrace_merge::merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)

@@ -1844,6 +1844,44 @@ fn a_killed_cli_merge_leaves_nothing() {
     }
 }
 
+/// A `memtrace-merge merge` whose output would pass the file size limit (`ulimit -f`) fails
+/// with an error naming its output, rather than being killed by SIGXFSZ, and leaves the
+/// earlier file at the output path as it was.
+#[test]
+fn a_merge_past_the_file_size_limit_fails_cleanly() {
+    // (a merge, and a copy: one input)
+    for input in [data("fork"), data("fork/parent.ctf")] {
+        let dir = scratch();
+        let d = dir.path();
+        let out = d.join("merged.ctf");
+        std::fs::write(&out, b"earlier").unwrap();
+        // (a limit of 128 KiB: sh counts 512-byte blocks; the merge of fork/ is ~4 MB,
+        // parent.ctf 1.7 MB)
+        let o = Command::new("sh")
+            .args(["-c", "ulimit -f 256 && exec \"$0\" \"$@\""])
+            .arg(bin())
+            .args(["merge", "-q", "-o"])
+            .arg(&out)
+            .arg(&input)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{input:?}, {:?}: {stderr}",
+            o.status
+        );
+        assert!(
+            stderr.contains(&format!("{}: write: File too large", out.display())),
+            "{stderr}"
+        );
+        assert_eq!(listing(d), vec!["merged.ctf".to_string()], "left behind");
+        assert_eq!(std::fs::read(&out).unwrap(), b"earlier");
+    }
+}
+
 /// SIGINT or SIGTERM to a running `memtrace-merge merge`: it stops, removes its temporary
 /// output, writes nothing at the output path and exits 130 with one line.
 #[test]
