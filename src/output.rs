@@ -37,9 +37,9 @@ impl OutputFile {
     /// Written on the caller's thread: where no CPU is free for another (a merge on two
     /// CPUs, its merging thread on one and a decoding thread on the other). The writing
     /// thread then ran on the decoding thread's CPU, its kernel work pushing that
-    /// thread's tables out of the core's caches: writing on the merging thread took 0.93-0.96
-    /// of the time on the synthetic sets of the merge bench (20-30 pairs in turns), fork/
-    /// 1.01 (40 pairs).
+    /// thread's tables out of the core's caches: writing on the merging thread took
+    /// 0.93-0.96 of the time on the bench's 94 MB and 78 MB synthetic sets (20-30 pairs in
+    /// turns), 1.09 and then 0.99 on its deep set (24 pairs each), 1.01 on fork/ (40).
     pub fn here(file: File) -> Self {
         OutputFile {
             buf: Vec::with_capacity(CHUNK),
