@@ -14,8 +14,8 @@ const CHUNK: usize = 1 << 18;
 /// Buffers in flight: the caller waits when the writing thread is this far behind.
 const IN_FLIGHT: usize = 4;
 
-/// A [`Write`] that gathers bytes into buffers of [`CHUNK`] and writes them to `File`, on a
-/// thread ([`OutputFile::on_thread`]: an error of the thread comes back from a later
+/// A [`Write`] that gathers bytes into buffers of `CHUNK` bytes and writes them to `File`,
+/// on a thread ([`OutputFile::on_thread`]: an error of the thread comes back from a later
 /// `write` or from `flush`/[`OutputFile::finish`]) or on the caller's ([`OutputFile::here`]).
 pub struct OutputFile {
     buf: Vec<u8>,
