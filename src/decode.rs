@@ -339,8 +339,12 @@ pub(crate) struct Hooks {
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
 /// so the page faults, down: 1,024 measured fastest on the fork traces (4,096 took 20%
-/// longer, mostly in the kernel).
-const BATCH_EVENTS: usize = 1024;
+/// longer, mostly in the kernel), until the merging thread kept to one stream when it
+/// fills ahead and wrote the output itself on two CPUs; then 2,048, paired with 1,024 in
+/// turns: fork/ 0.90 and 0.955 (40 pairs each), the 94 MB synthetic set 0.956-0.979
+/// (24-30 pairs, three runs), the 78 MB set 1.04 then 0.99, the deep set 1.00; peak RSS
+/// 1 MB more (11.5 MB).
+const BATCH_EVENTS: usize = 2048;
 /// Events in a stream's first batch: the merge can start once every stream has one.
 const FIRST_BATCH_EVENTS: usize = 64;
 /// A batch ends early once it holds this many frames (deep backtraces). 8,192 rather than
