@@ -318,9 +318,6 @@ struct Shared {
     hooks: Hooks,
     /// Keeps the decoding threads off the merging thread's CPU.
     placement: Arc<Placement>,
-    /// The stream the merging thread last filled a batch of ahead, which it fills again
-    /// while it can (see [`Decoder::fill_ahead`]).
-    helped: AtomicUsize,
 }
 
 /// (Tests) what the decoding threads do besides decoding.
@@ -362,6 +359,9 @@ pub(crate) struct Decoder {
     shared: Arc<Shared>,
     handles: Vec<Option<Worker>>,
     ninputs: usize,
+    /// The stream the merging thread (this decoder's owner) last filled a batch of
+    /// ahead, which it fills again while it can (see [`Decoder::fill_ahead`]).
+    helped: std::cell::Cell<usize>,
 }
 
 /// Share `specs` out among `n` workers, biggest files first to the least loaded.
@@ -408,7 +408,6 @@ impl Decoder {
             batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
             hooks,
             placement,
-            helped: AtomicUsize::new(usize::MAX),
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
@@ -418,6 +417,7 @@ impl Decoder {
             shared,
             handles: Vec::new(),
             ninputs,
+            helped: std::cell::Cell::new(usize::MAX),
         };
         for (w, streams) in mine.into_iter().enumerate() {
             let sh = d.shared.clone();
@@ -520,7 +520,7 @@ impl Decoder {
     /// on the others 0.97-0.98.
     fn fill_ahead(&self, i: usize) -> bool {
         let sh = &*self.shared;
-        let h = sh.helped.load(Ordering::Relaxed);
+        let h = self.helped.get();
         let mut best = None;
         if h != i && h < sh.queues.len() && sh.queues[h].queued.load(Ordering::Relaxed) < DEPTH {
             best = self.fillable(h).map(|st| (h, st));
@@ -547,7 +547,7 @@ impl Decoder {
         let Some(s) = st.as_mut() else {
             return false;
         };
-        sh.helped.store(j, Ordering::Relaxed);
+        self.helped.set(j);
         let b = fill_next(sh, s);
         #[cfg(test)]
         FILLED_HERE.with(|n| {
