@@ -928,9 +928,10 @@ fn merge_attempt(
         states.push(st);
     }
     // decoders on the cores the merging thread leaves (at least one)
-    let threads = opts.decode_threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| (n.get() - 1).clamp(1, 4))
-    });
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = opts
+        .decode_threads
+        .unwrap_or_else(|| (cpus - 1).clamp(1, 4));
     // Streams that take turns in one output domain, encoded ahead when that pays: as they
     // are decoded, by whichever thread fills a batch (the merging thread fills one rather
     // than wait for it).
@@ -987,7 +988,6 @@ fn merge_attempt(
     let (tmp, file) = TempOutput::create(output)?;
     // The file is written on a thread of its own where a CPU is free for it (the merging
     // thread is the busiest), else on this one (see [`OutputFile::here`]).
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let out = if cpus > threads + 1 {
         OutputFile::on_thread(file, Some(placement))
             .map_err(|e| Error::io(output, "start writing", e))?
