@@ -116,9 +116,12 @@ impl Batch {
         Batch {
             evs: Vec::with_capacity(events),
             wide: Vec::new(),
-            // (16 new frames an event is plenty but for deep stacks, which grow it)
-            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
-            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 256),
+            // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
+            // room for the last backtrace's new frames, pages touched only when used: with
+            // 256, fork/'s batches grew 21 times, each a copy into new pages, and its merge
+            // took 1.7% more time (2,115 page faults rather than 1,876))
+            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
+            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
             locs: Vec::new(),
             enc: WriteBuf::with_capacity(0),
             misses: Vec::new(),
