@@ -349,10 +349,23 @@ impl CacheReader {
     }
 }
 
+/// An entry's date of last use: the id of the allocation that last used it, saturated at
+/// `u32::MAX`. Half the memory of the reference's 63-bit ints, for a table that encoding
+/// in a share writes at every frame; the same choices as the reference's for the first
+/// 4,294,967,295 allocations of an output (past them the writer's choice of entry, which
+/// a reader follows whatever it is, can differ from the reference's: the frames do not).
+pub(crate) type Date = u32;
+
+/// The date of allocation `alloc_id`.
+#[inline(always)]
+pub(crate) fn date_of(alloc_id: i64) -> Date {
+    alloc_id.clamp(0, Date::MAX as i64) as Date
+}
+
 /// Saved cache entries, to undo an encoding (index, cache, date, next).
 #[derive(Clone, Debug, Default)]
 pub struct Journal {
-    saved: Vec<(u16, u64, i64, u16)>,
+    saved: Vec<(u16, u64, Date, u16)>,
 }
 
 impl Journal {
@@ -365,7 +378,7 @@ impl Journal {
 #[derive(Clone)]
 pub struct CacheWriter {
     cache: Box<[u64; CACHE_SIZE]>,
-    date: Box<[i64; CACHE_SIZE]>,
+    date: Box<[Date; CACHE_SIZE]>,
     next: Box<[u16; CACHE_SIZE]>,
     next_verify: u16,
 }
@@ -425,7 +438,7 @@ impl CacheWriter {
         &mut self,
     ) -> (
         &mut [u64; CACHE_SIZE],
-        &mut [i64; CACHE_SIZE],
+        &mut [Date; CACHE_SIZE],
         &mut [u16; CACHE_SIZE],
     ) {
         (&mut *self.cache, &mut *self.date, &mut *self.next)
@@ -607,9 +620,10 @@ impl CacheWriter {
     ) -> (usize, usize) {
         const M: usize = CACHE_SIZE - 1;
         let (cache, date, next) = (&mut *self.cache, &mut *self.date, &mut *self.next);
+        let today = date_of(alloc_id);
         let mut save = |i: usize,
                         cache: &[u64; CACHE_SIZE],
-                        date: &[i64; CACHE_SIZE],
+                        date: &[Date; CACHE_SIZE],
                         next: &[u16; CACHE_SIZE]| {
             if J {
                 let i = i & M;
@@ -638,7 +652,7 @@ impl CacheWriter {
                 save(bucket, cache, date, next);
                 save(predictor, cache, date, next);
                 cache[bucket] = slot;
-                date[bucket] = alloc_id;
+                date[bucket] = today;
                 next[predictor & M] = bucket as u16;
                 b.u16(((bucket << 2) | 3) as u16);
                 b.u64(slot);
@@ -655,7 +669,7 @@ impl CacheWriter {
             loop {
                 save(hit, cache, date, next);
                 save(predictor, cache, date, next);
-                date[hit & M] = alloc_id;
+                date[hit & M] = today;
                 next[predictor & M] = hit as u16;
                 let orig = hit;
                 predictor = hit;
@@ -920,6 +934,43 @@ mod tests {
                 assert_eq!(r.slots(), &entries[..], "backtrace {id}");
             }
         }
+    }
+
+    /// Dates are u32 (see [`Date`]): the reference's choices of entry up to allocation
+    /// `u32::MAX`, and past it, where every date is the same, backtraces that still decode
+    /// to their frames.
+    #[test]
+    fn dates_near_and_past_u32_max() {
+        assert_eq!(date_of(-5), 0);
+        assert_eq!(date_of(7), 7);
+        assert_eq!(date_of(u32::MAX as i64 + 9), u32::MAX);
+        let mut rnd = xorshift(0x1234_5678_9abc_def1);
+        let mut w = CacheWriter::default();
+        let mut r = CacheReader::default();
+        let (mut cache, mut date, mut next) = (
+            vec![0u64; CACHE_SIZE],
+            vec![0i64; CACHE_SIZE],
+            vec![0u16; CACHE_SIZE],
+        );
+        let base = u32::MAX as i64 - 2000;
+        for id in base..base + 4000 {
+            // paths of 1-40 frames of 30,000 codes: entries evicted all along
+            let bt: Vec<LocationCode> = (0..rnd(40) + 1)
+                .map(|_| LocationCode(rnd(30_000) + 1))
+                .collect();
+            let mut b = WriteBuf::default();
+            let (n, done) = w.encode::<false>(&mut b, id, &bt, usize::MAX, None, |_, _| {});
+            assert_eq!(done, bt.len());
+            let want = reference_encode(&mut cache, &mut date, &mut next, id, &bt);
+            if id <= u32::MAX as i64 {
+                assert_eq!(b.bytes(), &want[..], "backtrace {id}");
+            }
+            let mut c = Cursor::new(b.bytes());
+            r.decode(&mut c, n, 0, |_| true).unwrap();
+            assert_eq!(r.backtrace(), &bt[..], "backtrace {id}");
+        }
+        // (the table filled early on: misses after that chose between dated entries)
+        assert!(cache.iter().filter(|&&c| c != 0).count() > CACHE_SIZE * 9 / 10);
     }
 
     /// Hints change nothing but speed: several streams of backtraces (sharing codes, with

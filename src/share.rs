@@ -12,7 +12,7 @@
 //! still there. A position is looked at only when something this source wrote since may
 //! have changed it (the positions in "doubt"), as in a path that holds one entry twice.
 
-use crate::backtrace::{table, CacheWriter, CACHE_SIZE};
+use crate::backtrace::{date_of, table, CacheWriter, Date, CACHE_SIZE};
 use crate::buf::WriteBuf;
 use crate::event::LocationCode;
 
@@ -312,6 +312,7 @@ impl Share {
     ) -> (usize, usize) {
         self.truncate(keep.min(self.at.len()).min(frames.len()));
         let (cache, date, next) = cw.tables();
+        let alloc_id = date_of(alloc_id);
         let n = frames.len();
         // The most common case, in short: the stream's last backtrace again, its path all
         // known good (what the loop below does for it: one hit and a run of n - 1, or of
@@ -526,10 +527,10 @@ impl Share {
     fn locate(
         &mut self,
         cache: &mut [u64; CACHE_SIZE],
-        date: &mut [i64; CACHE_SIZE],
+        date: &mut [Date; CACHE_SIZE],
         next: &mut [u16; CACHE_SIZE],
         b: &mut WriteBuf,
-        alloc_id: i64,
+        alloc_id: Date,
         code: u64,
         predictor: usize,
         pos: usize,
@@ -570,10 +571,10 @@ impl Share {
     fn append(
         &mut self,
         cache: &mut [u64; CACHE_SIZE],
-        date: &mut [i64; CACHE_SIZE],
+        date: &mut [Date; CACHE_SIZE],
         next: &mut [u16; CACHE_SIZE],
         b: &mut WriteBuf,
-        alloc_id: i64,
+        alloc_id: Date,
         frames: &[LocationCode],
         hints: &[u16],
         mut pos: usize,
@@ -621,7 +622,7 @@ impl Share {
     /// 256th and a run of the ones after it.
     #[cold]
     #[inline(never)]
-    fn put_path(&self, b: &mut WriteBuf, date: &mut [i64; CACHE_SIZE], alloc_id: i64) {
+    fn put_path(&self, b: &mut WriteBuf, date: &mut [Date; CACHE_SIZE], alloc_id: Date) {
         let n = self.at.len();
         CacheWriter::put_hit(b, self.at[0] as usize & M, 255);
         for k in (256..n).step_by(256) {
