@@ -771,6 +771,16 @@ mod tests {
         }
     }
 
+    /// The transcribed reference encoder's tables, empty: codes, dates (OCaml ints),
+    /// predictions.
+    fn reference_tables() -> (Vec<u64>, Vec<i64>, Vec<u16>) {
+        (
+            vec![0u64; CACHE_SIZE],
+            vec![0i64; CACHE_SIZE],
+            vec![0u16; CACHE_SIZE],
+        )
+    }
+
     /// The reference's encoder transcribed frame by frame (`code_no_prediction`,
     /// `code_cache_hit`, `code_with_prediction`), without any of the shortcuts.
     fn reference_encode(
@@ -882,11 +892,7 @@ mod tests {
         let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
-        let (mut cache, mut date, mut next) = (
-            vec![0u64; CACHE_SIZE],
-            vec![0i64; CACHE_SIZE],
-            vec![0u16; CACHE_SIZE],
-        );
+        let (mut cache, mut date, mut next) = reference_tables();
         let (mut loc, mut pred) = (vec![0u64; CACHE_SIZE], vec![0u16; CACHE_SIZE]);
         r.keep_slots(true);
         // (and a hinted encoder, its hints kept between backtraces)
@@ -947,11 +953,7 @@ mod tests {
         let mut rnd = xorshift(0x1234_5678_9abc_def1);
         let mut w = CacheWriter::default();
         let mut r = CacheReader::default();
-        let (mut cache, mut date, mut next) = (
-            vec![0u64; CACHE_SIZE],
-            vec![0i64; CACHE_SIZE],
-            vec![0u16; CACHE_SIZE],
-        );
+        let (mut cache, mut date, mut next) = reference_tables();
         let base = u32::MAX as i64 - 2000;
         for id in base..base + 4000 {
             // paths of 1-40 frames of 30,000 codes: entries evicted all along
