@@ -345,6 +345,12 @@ pub(crate) struct Hooks {
 /// (24-30 pairs, three runs), the 78 MB set 1.04 then 0.99, the deep set 1.00; peak RSS
 /// 1 MB more (11.5 MB).
 const BATCH_EVENTS: usize = 2048;
+/// Events per batch where backtraces are encoded ahead, the decoding threads' work per
+/// event the most: half the handoffs between the threads. Paired with 2,048 in turns on
+/// a faster machine (2026-12-02): the 94 MB set 0.940, 0.975, 0.979 (24-30 pairs), the
+/// 78 MB set 0.987, the deep set 0.995 (20 each); peak RSS 11.2 -> 12.8 MB. (fork/, not
+/// encoded ahead, 1.011: it keeps 2,048.)
+const BATCH_EVENTS_AHEAD: usize = 4096;
 /// Events in a stream's first batch: the merge can start once every stream has one.
 const FIRST_BATCH_EVENTS: usize = 64;
 /// A batch ends early once it holds this many frames (deep backtraces). 8,192 rather than
@@ -408,7 +414,14 @@ impl Decoder {
             free: Mutex::new(VecDeque::new()),
             bytes_read: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
-            batch_events: (131_072 / streams.len().max(1)).clamp(64, BATCH_EVENTS),
+            batch_events: (131_072 / streams.len().max(1)).clamp(
+                64,
+                if streams.iter().any(|s| s.share.is_some() || s.solo) {
+                    BATCH_EVENTS_AHEAD
+                } else {
+                    BATCH_EVENTS
+                },
+            ),
             hooks,
             placement,
         });
