@@ -243,6 +243,14 @@ pub(crate) struct StreamSpec {
     pub thinner: Option<Thinner>,
 }
 
+impl StreamSpec {
+    /// Its backtraces are encoded ahead, by whichever thread fills its batches (in a
+    /// share, or alone in its domain).
+    fn encoded_ahead(&self) -> bool {
+        self.share.is_some() || self.solo
+    }
+}
+
 /// What the decoder learned about each input.
 #[derive(Default, Clone)]
 pub(crate) struct DecodeReport {
@@ -400,6 +408,11 @@ impl Decoder {
     ) -> std::io::Result<Decoder> {
         let n = threads.clamp(1, streams.len().max(1));
         let owner = share_out(&streams, n);
+        let most_events = if streams.iter().any(StreamSpec::encoded_ahead) {
+            BATCH_EVENTS_AHEAD
+        } else {
+            BATCH_EVENTS
+        };
         let shared = Arc::new(Shared {
             queues: (0..streams.len())
                 .map(|_| Queue {
@@ -414,14 +427,7 @@ impl Decoder {
             free: Mutex::new(VecDeque::new()),
             bytes_read: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
-            batch_events: (131_072 / streams.len().max(1)).clamp(
-                64,
-                if streams.iter().any(|s| s.share.is_some() || s.solo) {
-                    BATCH_EVENTS_AHEAD
-                } else {
-                    BATCH_EVENTS
-                },
-            ),
+            batch_events: (131_072 / streams.len().max(1)).clamp(64, most_events),
             hooks,
             placement,
         });
@@ -779,7 +785,8 @@ fn decode_all(
             input: s.input,
             rep,
             bt_valid: false,
-            enc: (s.share.is_some() || s.solo)
+            enc: s
+                .encoded_ahead()
                 .then(|| Box::new(Encoder::new(s.share, s.tagged, s.thinner))),
             seq: 0,
             done: false,
