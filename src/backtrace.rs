@@ -396,6 +396,15 @@ fn table_of<T: Copy>(v: T) -> Box<[T; CACHE_SIZE]> {
         .unwrap_or_else(|_| unreachable!())
 }
 
+impl CacheWriter {
+    /// Fault its tables' pages in now (see [`crate::buf::fault_in`]).
+    pub(crate) fn fault_in(&mut self) {
+        crate::buf::fault_in(&mut self.cache[..]);
+        crate::buf::fault_in(&mut self.date[..]);
+        crate::buf::fault_in(&mut self.next[..]);
+    }
+}
+
 impl Default for CacheWriter {
     fn default() -> Self {
         CacheWriter {

@@ -249,6 +249,15 @@ impl WriteBuf {
     }
 }
 
+/// Write to one element of each page of `s` (the value it holds): its pages are faulted in
+/// now rather than one by one as it is used.
+pub(crate) fn fault_in<T: Copy>(s: &mut [T]) {
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for i in (0..s.len()).step_by(step) {
+        s[i] = std::hint::black_box(s[i]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,5 +308,22 @@ mod tests {
         let mut w = WriteBuf::default();
         w.string(b"ab\0cd");
         assert_eq!(w.bytes(), b"ab\0");
+    }
+
+    /// Faulting pages in leaves every value as it was, whatever the element size and
+    /// however the slice ends within a page.
+    #[test]
+    fn fault_in_keeps_the_values() {
+        let mut a: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut b: Vec<u16> = (0..9_999u32).map(|i| (i * 31) as u16).collect();
+        let mut c: Vec<u64> = (0..5_000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let (a0, b0, c0) = (a.clone(), b.clone(), c.clone());
+        fault_in(&mut a);
+        fault_in(&mut b[1..]);
+        fault_in(&mut c);
+        fault_in::<u64>(&mut []);
+        assert_eq!((a, b, c), (a0, b0, c0));
     }
 }

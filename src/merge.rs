@@ -1021,6 +1021,13 @@ fn merge_attempt(
         last: started,
         total_bytes,
     };
+    // Fault in the pages this thread would otherwise fault in one by one as it starts
+    // merging (the output's cache tables, its first buffer; the output thread faults in
+    // the next ones), while the decoding threads open the inputs and fill their first
+    // batches (~1 ms on fork/, the page faults ~0.3 ms): fork/ 0.987 and 0.985 of the
+    // time (60 pairs in turns each), the 78 MB and 94 MB sets 1.00.
+    w.fault_in();
+    w.get_mut().fault_in();
     let merged = merge_streams(
         &mut streams,
         &mut states,

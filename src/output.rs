@@ -13,6 +13,8 @@ use std::thread::JoinHandle;
 const CHUNK: usize = 1 << 18;
 /// Buffers in flight: the caller waits when the writing thread is this far behind.
 const IN_FLIGHT: usize = 4;
+/// Buffers the writing thread faults in for the caller when it starts.
+const PREPARED: usize = 2;
 
 /// A [`Write`] that gathers bytes into buffers of `CHUNK` bytes and writes them to `File`,
 /// on a thread ([`OutputFile::on_thread`]: an error of the thread comes back from a later
@@ -65,6 +67,14 @@ impl OutputFile {
             .spawn(move || {
                 let _placed = placement.as_ref().and_then(|p| p.helper());
                 let mut file = file;
+                // The next buffers, faulted in here rather than on the caller's thread.
+                for _ in 0..PREPARED {
+                    let mut b = Vec::with_capacity(CHUNK);
+                    for x in b.spare_capacity_mut().iter_mut().step_by(4096) {
+                        x.write(0u8);
+                    }
+                    let _ = give_back.try_send(b);
+                }
                 for mut b in jobs {
                     file.write_all(&b)?;
                     b.clear();
@@ -81,6 +91,14 @@ impl OutputFile {
                 thread: Some(thread),
             },
         })
+    }
+
+    /// Fault in the pages of the buffer being filled now, rather than one by one as bytes
+    /// come in.
+    pub fn fault_in(&mut self) {
+        for b in self.buf.spare_capacity_mut().iter_mut().step_by(4096) {
+            b.write(0);
+        }
     }
 
     /// Write the gathered bytes, or hand them to the thread and take an empty buffer.
@@ -183,6 +201,10 @@ mod tests {
         for mut w in both(|| File::create(&path).unwrap()) {
             let mut want = Vec::new();
             for i in 0..20_000u32 {
+                // (faulting in the buffer's room, empty or part-filled, changes nothing)
+                if i % 5_000 == 0 || i == 1 {
+                    w.fault_in();
+                }
                 let piece: Vec<u8> = (0..(i % 977)).map(|k| (k ^ i) as u8).collect();
                 w.write_all(&piece).unwrap();
                 want.extend_from_slice(&piece);

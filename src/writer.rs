@@ -179,6 +179,19 @@ impl<W: Write> Writer<W> {
         self.switch_flush = yes;
     }
 
+    /// Fault in the pages of its streams' tables now, rather than one by one as they are
+    /// used (the merging thread does it while it waits for its inputs' first events).
+    pub fn fault_in(&mut self) {
+        for s in &mut self.streams {
+            s.cache.fault_in();
+        }
+    }
+
+    /// Its output.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     pub fn stats(&self) -> &WriteStats {
         &self.stats
     }
