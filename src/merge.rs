@@ -330,7 +330,8 @@ impl TempOutput {
                     return Ok(f);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(&tmp, "create output", e)),
+                // (named as the caller gave it: the temporary's name is ours)
+                Err(e) => return Err(Error::io(&self.target, "create output", e)),
             }
         }
         Err(self.names_taken())
