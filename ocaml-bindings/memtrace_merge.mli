@@ -119,7 +119,8 @@ val merge :
     even a killed process leaves none) and put in its place when complete.
 
     @param inputs trace files, or directories whose [*.ctf] files are taken in name order.
-    Paths are byte strings: they need not be UTF-8.
+    A file named twice (a directory and a file in it, a link) is merged once, with a
+    warning. Paths are byte strings: they need not be UTF-8.
     @param output the trace to write; replaced if it exists; must not be one of [inputs].
     @param format output format version: [`V2] (memtrace up to 0.2, OCaml 4) or [`V3]
     (OCaml 5, with domains). Default: [`V2] when every input is format 1 or 2, else [`V3].

@@ -70,7 +70,8 @@ enum Cmd {
         /// Flush the output to disk before renaming it into place (survives a power loss)
         #[arg(long)]
         fsync: bool,
-        /// Traces: files, or directories whose *.ctf files are taken in name order
+        /// Traces: files, or directories whose *.ctf files are taken in name order (a file
+        /// named twice is merged once)
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
     },

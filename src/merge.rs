@@ -232,6 +232,31 @@ fn expand_inputs_from(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, usize)>> {
     Ok(out)
 }
 
+/// `paths` (with their arguments) each file once: a file named again (the same device and
+/// inode, however spelled: a directory and a file in it, a link) is left out, and listed
+/// after the index of the entry kept for it.
+fn drop_repeats(
+    paths: Vec<PathBuf>,
+    args: Vec<usize>,
+) -> (Vec<PathBuf>, Vec<usize>, Vec<(usize, PathBuf)>) {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: Vec<Option<(u64, u64)>> = Vec::with_capacity(paths.len());
+    let (mut kept, mut kept_args, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, a) in paths.into_iter().zip(args) {
+        // (a file that cannot be read is kept: opening it says what is wrong)
+        let id = std::fs::metadata(&p).ok().map(|m| (m.dev(), m.ino()));
+        match id.and_then(|id| seen.iter().position(|&s| s == Some(id))) {
+            Some(k) => repeats.push((k, p)),
+            None => {
+                seen.push(id);
+                kept.push(p);
+                kept_args.push(a);
+            }
+        }
+    }
+    (kept, kept_args, repeats)
+}
+
 /// The canonical form of a path that may not exist yet (its directory must).
 fn canonical_maybe_new(p: &Path) -> Option<PathBuf> {
     if let Ok(c) = p.canonicalize() {
@@ -676,8 +701,9 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
     s.into_bytes().into_iter().filter(|&b| b != 0).collect()
 }
 
-/// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order) into
-/// `output`, written to a temporary file beside it and renamed at the end.
+/// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order; a file
+/// named twice, however spelled, is merged once, with a warning) into `output`, written to
+/// a temporary file beside it and renamed at the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
     merge_with(inputs, output, opts, Hooks::default())
 }
@@ -721,6 +747,8 @@ fn merge_attempt(
         }
     }
     let (paths, args): (Vec<PathBuf>, Vec<usize>) = expand_inputs_from(inputs)?.into_iter().unzip();
+    // A file given twice is merged once: its process's allocations appear once.
+    let (paths, args, repeats) = drop_repeats(paths, args);
     for p in &paths {
         if same_file(p, output) {
             return Err(Error::Usage(format!(
@@ -871,6 +899,12 @@ fn merge_attempt(
                     "sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}",
                     i.sample_rate, min_rate, p_keep
                 ),
+            );
+        }
+        for (_, again) in repeats.iter().filter(|(at, _)| *at == o.index) {
+            warn_input(
+                &mut st,
+                format!("given again as {}: merged once", again.display()),
             );
         }
         if opts.tag_processes {

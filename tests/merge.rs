@@ -158,6 +158,58 @@ fn fork_set_as_a_directory_and_in_format_3() {
     assert_eq!(r.inputs.len(), 5);
 }
 
+/// A file named twice (a file and the directory holding it, another spelling, a link) is
+/// merged once, with a warning naming the repeat: its process's allocations appear once.
+#[test]
+fn a_file_given_twice_is_merged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("again.ctf");
+    std::os::unix::fs::symlink(data("fork/child-2.ctf"), &link).unwrap();
+    let dotted = data("fork").join(".").join("child-4.ctf");
+    let inputs = [data("fork/child-1.ctf"), data("fork"), link.clone(), dotted];
+    let (_d, out, r) = merged(&inputs, &MergeOptions::default());
+    let cmp = compare(&fork(), &out, CompareOptions::default()).unwrap();
+    assert!(cmp.equal(), "{cmp:?}");
+    assert_eq!(r.allocs, 231_910);
+    let names: Vec<String> = r
+        .inputs
+        .iter()
+        .map(|i| i.path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "child-1.ctf",
+            "child-2.ctf",
+            "child-3.ctf",
+            "child-4.ctf",
+            "parent.ctf"
+        ]
+    );
+    let warned = |k: usize| {
+        r.inputs[k]
+            .warnings
+            .iter()
+            .filter(|w| w.contains("given again as"))
+            .count()
+    };
+    assert_eq!(
+        (warned(0), warned(1), warned(2), warned(3), warned(4)),
+        (1, 1, 0, 1, 0)
+    );
+    assert!(r.inputs[1]
+        .warnings
+        .iter()
+        .any(|w| w.contains(&*link.to_string_lossy())));
+    // one file named twice is still a copy, byte for byte
+    let (_d, out, r) = merged(&[data("fork/child-2.ctf"), link], &MergeOptions::default());
+    assert_eq!(r.inputs.len(), 1);
+    assert_eq!(
+        std::fs::read(out).unwrap(),
+        std::fs::read(data("fork/child-2.ctf")).unwrap()
+    );
+}
+
 #[test]
 fn multidomain_with_fork_both_formats() {
     let mut inputs = fork();

@@ -153,7 +153,20 @@ let test_directory () =
   check
     (got = [ (d, 8336); (d, 17914); (extra, 88445) ])
     "inputs: %s"
-    (String.concat "; " (List.map (fun (s, a) -> Printf.sprintf "%s %d" s a) got))
+    (String.concat "; " (List.map (fun (s, a) -> Printf.sprintf "%s %d" s a) got));
+  (* a file of the directory named again is merged once, with a warning *)
+  let again = Filename.concat d "child-2.ctf" in
+  let r = M.merge ~output:(Filename.concat (fresh "dir-and-its-file-out") "m.ctf") [ d; again ] in
+  let got = List.map (fun (i : M.input_report) -> (i.input, i.allocs, i.warnings)) r.inputs in
+  check
+    (got = [ (d, 8336, 0); (d, 17914, 1) ] && r.allocs = 8336 + 17914)
+    "inputs: %s; allocs %d"
+    (String.concat "; " (List.map (fun (s, a, w) -> Printf.sprintf "%s %d %d" s a w) got))
+    r.allocs;
+  check
+    (match r.first_warning with Some w -> contains ~sub:"given again" w | None -> false)
+    "first warning %s"
+    (Option.value r.first_warning ~default:"none")
 
 let test_forked_child () =
   let out = Filename.concat (fresh "forked") "merged.ctf" in
