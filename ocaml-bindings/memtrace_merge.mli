@@ -118,7 +118,9 @@ val merge :
     temporary file beside [output] (of no name, where the file system has them, so that
     even a killed process leaves none) and put in its place when complete.
 
-    @param inputs trace files, or directories whose [*.ctf] files are taken in name order.
+    @param inputs trace files, or directories whose [*.ctf] files are taken in name order
+    ([output] left out when it is an earlier merge, known by the context a merge gives it:
+    a directory can be merged into a file of its own again and again).
     A file named twice (a directory and a file in it, a link) is merged once, with a
     warning. Paths are byte strings: they need not be UTF-8.
     @param output the trace to write; replaced if it exists; must not be one of [inputs].

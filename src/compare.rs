@@ -289,7 +289,7 @@ impl CompareReport {
 
 /// Compare the union of `sources`' allocations with `merged`'s.
 pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Result<CompareReport> {
-    let paths = crate::merge::expand_inputs(sources)?;
+    let paths = crate::merge::expand_inputs(sources, merged)?;
     // (the rates first, from each info packet: one source open at a time)
     let mut rates = Vec::with_capacity(paths.len());
     for p in &paths {

@@ -70,8 +70,8 @@ enum Cmd {
         /// Flush the output to disk before renaming it into place (survives a power loss)
         #[arg(long)]
         fsync: bool,
-        /// Traces: files, or directories whose *.ctf files are taken in name order (a file
-        /// named twice is merged once)
+        /// Traces: files, or directories whose *.ctf files are taken in name order (but the
+        /// output when it is an earlier merge); a file named twice is merged once
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
     },
@@ -200,7 +200,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             tagged,
             readable_part,
         } => {
-            let sources = memtrace_merge::merge::expand_inputs(&sources)?;
+            let sources = memtrace_merge::merge::expand_inputs(&sources, &merged)?;
             let opts = memtrace_merge::compare::CompareOptions {
                 thinned,
                 tagged,

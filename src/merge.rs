@@ -196,16 +196,42 @@ pub struct MergeReport {
     pub encoded_ahead: bool,
 }
 
-/// Expand directories into their `*.ctf` files (sorted by name); files are kept as given.
-pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    Ok(expand_inputs_from(inputs)?
+/// The sources of the merged trace `merged`, as [`merge`] takes its inputs: directories
+/// expanded into their `*.ctf` files (sorted by name) but for `merged` itself, files kept as
+/// given, and each file once.
+pub fn expand_inputs(inputs: &[PathBuf], merged: &Path) -> Result<Vec<PathBuf>> {
+    let (paths, args) = expand_inputs_from(inputs, merged, true)?
         .into_iter()
-        .map(|(p, _)| p)
-        .collect())
+        .unzip();
+    Ok(drop_repeats(paths, args).0)
 }
 
-/// [`expand_inputs`], each file with the index of the argument it came from.
-fn expand_inputs_from(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, usize)>> {
+/// The context an output of several inputs gets, unless one is given ([`describe_merge`]).
+const MERGE_CONTEXT: &str = "memtrace-merge of ";
+
+/// Directories expanded into their `*.ctf` files, sorted by name, each file with the index
+/// of the argument it came from (files named twice are still there). `output` is left out
+/// of a directory: always when `always`, else only when it is an earlier merge (its context
+/// says so), which the merge is to replace: so a directory can be merged into a file of its
+/// own again, while a source named as the output is still refused.
+fn expand_inputs_from(
+    inputs: &[PathBuf],
+    output: &Path,
+    always: bool,
+) -> Result<Vec<(PathBuf, usize)>> {
+    use std::os::unix::fs::MetadataExt;
+    let output = std::fs::metadata(output).ok().map(|m| (m.dev(), m.ino()));
+    let left_out = |q: &Path| {
+        output.is_some()
+            && std::fs::metadata(q).ok().map(|m| (m.dev(), m.ino())) == output
+            && (always
+                || Reader::open(q).is_ok_and(|r| {
+                    r.info()
+                        .context
+                        .as_ref()
+                        .is_some_and(|c| c.starts_with(MERGE_CONTEXT.as_bytes()))
+                }))
+    };
     let mut out = Vec::new();
     for (arg, p) in inputs.iter().enumerate() {
         if p.as_os_str().is_empty() {
@@ -217,11 +243,15 @@ fn expand_inputs_from(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, usize)>> {
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|q| q.extension().is_some_and(|x| x == "ctf") && q.is_file())
                 .collect();
+            // (merging a directory into a file of it again: the earlier output is no input)
+            let all = v.len();
+            v.retain(|q| !left_out(q));
             v.sort();
             if v.is_empty() {
                 return Err(Error::Usage(format!(
-                    "{}: directory has no .ctf files",
-                    p.display()
+                    "{}: directory has no .ctf files{}",
+                    p.display(),
+                    if all > 0 { " but the output" } else { "" }
                 )));
             }
             out.extend(v.into_iter().map(|q| (q, arg)));
@@ -675,7 +705,7 @@ pub(crate) fn process_tag(path: &Path, info: &TraceInfo) -> Location {
 
 /// The context of a merge of several inputs: which traces, pids and executables.
 fn describe_merge(opened: &[Opened]) -> Vec<u8> {
-    let mut s = format!("memtrace-merge of {} traces:", opened.len());
+    let mut s = format!("{MERGE_CONTEXT}{} traces:", opened.len());
     for Opened {
         path: p, info: i, ..
     } in opened
@@ -701,9 +731,10 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
     s.into_bytes().into_iter().filter(|&b| b != 0).collect()
 }
 
-/// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order; a file
-/// named twice, however spelled, is merged once, with a warning) into `output`, written to
-/// a temporary file beside it and renamed at the end.
+/// Merge `inputs` (files, or directories whose `*.ctf` files are taken in name order, but
+/// `output` when it is an earlier merge; a file named twice, however spelled, is merged
+/// once, with a warning) into `output`, written to a temporary file beside it and renamed at
+/// the end.
 pub fn merge(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<MergeReport> {
     merge_with(inputs, output, opts, Hooks::default())
 }
@@ -746,7 +777,9 @@ fn merge_attempt(
             )));
         }
     }
-    let (paths, args): (Vec<PathBuf>, Vec<usize>) = expand_inputs_from(inputs)?.into_iter().unzip();
+    let (paths, args): (Vec<PathBuf>, Vec<usize>) = expand_inputs_from(inputs, output, false)?
+        .into_iter()
+        .unzip();
     // A file given twice is merged once: its process's allocations appear once.
     let (paths, args, repeats) = drop_repeats(paths, args);
     for p in &paths {

@@ -210,6 +210,65 @@ fn a_file_given_twice_is_merged_once() {
     );
 }
 
+/// A directory merged into a file of its own (again, once that file exists): the earlier
+/// output, known by the context a merge gives it, is no input; a comparison leaves the
+/// merged trace out of its sources' directory. A directory holding nothing but the output
+/// says so.
+#[test]
+fn a_directory_merged_into_itself_leaves_its_output_out() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in fork() {
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let out = dir.path().join("merged.ctf");
+    let src = [dir.path().to_path_buf()];
+    let first = merge(&src, &out, &MergeOptions::default()).unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let again = merge(&src, &out, &MergeOptions::default()).unwrap();
+    assert_eq!((first.inputs.len(), again.inputs.len()), (5, 5));
+    assert!(
+        again.inputs.iter().all(|i| i.path != out),
+        "{:?}",
+        again.inputs
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let cmp = compare(&src, &out, CompareOptions::default()).unwrap();
+    assert!(cmp.equal() && cmp.source_allocs == 231_910, "{cmp:?}");
+    // named as an input, it is still refused; and so is a file of the directory that is
+    // not an earlier merge (a source, or a merge given a context of the caller's)
+    let e = merge(
+        &[src[0].clone(), out.clone()],
+        &out,
+        &MergeOptions::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("one of the inputs"), "{e}");
+    let source = dir.path().join("child-1.ctf");
+    let e = merge(&src, &source, &MergeOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("one of the inputs"), "{e}");
+    let own = MergeOptions {
+        context: Some(b"nightly run".to_vec()),
+        ..Default::default()
+    };
+    merge(&src, &out, &own).unwrap();
+    let e = merge(&src, &out, &own).unwrap_err();
+    assert!(e.to_string().contains("one of the inputs"), "{e}");
+    let alone = tempfile::tempdir().unwrap();
+    let lone = alone.path().join("merged.ctf");
+    std::fs::write(&lone, &bytes).unwrap();
+    let e = merge(
+        &[alone.path().to_path_buf()],
+        &lone,
+        &MergeOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("directory has no .ctf files but the output"),
+        "{e}"
+    );
+}
+
 #[test]
 fn multidomain_with_fork_both_formats() {
     let mut inputs = fork();

@@ -166,7 +166,14 @@ let test_directory () =
   check
     (match r.first_warning with Some w -> contains ~sub:"given again" w | None -> false)
     "first warning %s"
-    (Option.value r.first_warning ~default:"none")
+    (Option.value r.first_warning ~default:"none");
+  (* a directory merged into a file of its own, twice: the earlier merge is no input *)
+  let inside = Filename.concat d "merged.ctf" in
+  let first = M.merge ~output:inside [ d ] in
+  let again = M.merge ~output:inside [ d ] in
+  check
+    (List.length first.inputs = 2 && List.length again.inputs = 2 && again.allocs = 8336 + 17914)
+    "inputs %d then %d, allocs %d" (List.length first.inputs) (List.length again.inputs) again.allocs
 
 let test_forked_child () =
   let out = Filename.concat (fresh "forked") "merged.ctf" in
