@@ -343,9 +343,9 @@ pub struct MemtraceMergeReport {
 
 /// Merge `n_inputs` traces (files, or directories whose `*.ctf` files are taken in name order,
 /// but `output` when it is an earlier merge; a file named twice is merged once, with a
-/// warning) into `output`, written to a temporary file (of no name, where the file system has them)
-/// beside it and put in its place at the end: on failure, even a killed process's, no output
-/// is left behind. Blocks until done; safe to call from several threads at once (on
+/// warning) into `output`, written to a temporary file (of no name, where the file system
+/// has them) beside it and put in its place at the end: on failure, even a killed process's,
+/// no output is left behind. Blocks until done; safe to call from several threads at once (on
 /// different outputs) and in a forked child.
 ///
 /// - `inputs`: `n_inputs` non-empty NUL-terminated paths (any bytes: paths need not be UTF-8).
