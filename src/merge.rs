@@ -703,6 +703,22 @@ pub(crate) fn process_tag(path: &Path, info: &TraceInfo) -> Location {
     }
 }
 
+/// The pids of the traces an earlier merge holds, from the context it was given
+/// ([`describe_merge`]; none for another context).
+fn merged_pids(info: &TraceInfo) -> Vec<u64> {
+    let Some(c) = info.context.as_deref() else {
+        return Vec::new();
+    };
+    if !c.starts_with(MERGE_CONTEXT.as_bytes()) {
+        return Vec::new();
+    }
+    let c = String::from_utf8_lossy(c);
+    c.split("(pid ")
+        .skip(1)
+        .filter_map(|rest| rest.split(',').next()?.parse().ok())
+        .collect()
+}
+
 /// The context of a merge of several inputs: which traces, pids and executables.
 fn describe_merge(opened: &[Opened]) -> Vec<u8> {
     let mut s = format!("{MERGE_CONTEXT}{} traces:", opened.len());
@@ -931,6 +947,23 @@ fn merge_attempt(
                 format!(
                     "sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}",
                     i.sample_rate, min_rate, p_keep
+                ),
+            );
+        }
+        // An earlier merge beside one of the traces it holds (a directory merged before,
+        // its output kept under another name): that process's allocations would be twice.
+        let held = merged_pids(i);
+        for x in opened
+            .iter()
+            .filter(|x| x.index != o.index && held.contains(&x.info.pid))
+        {
+            warn_input(
+                &mut st,
+                format!(
+                    "an earlier merge that holds pid {}, whose trace {} is merged too: if \
+                     that is the same process, its allocations appear twice",
+                    x.info.pid,
+                    x.path.display()
                 ),
             );
         }

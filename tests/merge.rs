@@ -269,6 +269,31 @@ fn a_directory_merged_into_itself_leaves_its_output_out() {
     );
 }
 
+/// An earlier merge merged again beside a trace it holds (the same pid) is warned about,
+/// naming that trace; beside traces it does not hold, it is not.
+#[test]
+fn an_earlier_merge_beside_a_trace_it_holds_is_warned_about() {
+    let (_d, earlier, _) = merged(&fork(), &MergeOptions::default());
+    let twice = |r: &MergeReport, k: usize| -> Vec<String> {
+        r.inputs[k]
+            .warnings
+            .iter()
+            .filter(|w| w.contains("an earlier merge that holds pid"))
+            .cloned()
+            .collect()
+    };
+    let (_d2, _, r) = merged(
+        &[earlier.clone(), data("fork/child-3.ctf")],
+        &MergeOptions::default(),
+    );
+    let w = twice(&r, 0);
+    assert_eq!(w.len(), 1, "{:?}", r.inputs[0].warnings);
+    assert!(w[0].contains(&format!("pid {}", r.inputs[1].pid)) && w[0].contains("child-3.ctf"));
+    assert!(twice(&r, 1).is_empty());
+    let (_d3, _, r) = merged(&[earlier, data("long.ctf")], &MergeOptions::default());
+    assert!(twice(&r, 0).is_empty(), "{:?}", r.inputs[0].warnings);
+}
+
 #[test]
 fn multidomain_with_fork_both_formats() {
     let mut inputs = fork();
