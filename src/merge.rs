@@ -219,11 +219,10 @@ fn expand_inputs_from(
     output: &Path,
     always: bool,
 ) -> Result<Vec<(PathBuf, usize)>> {
-    use std::os::unix::fs::MetadataExt;
-    let output = std::fs::metadata(output).ok().map(|m| (m.dev(), m.ino()));
+    let output = file_id(output);
     let left_out = |q: &Path| {
         output.is_some()
-            && std::fs::metadata(q).ok().map(|m| (m.dev(), m.ino())) == output
+            && file_id(q) == output
             && (always
                 || Reader::open(q).is_ok_and(|r| {
                     r.info()
@@ -262,19 +261,27 @@ fn expand_inputs_from(
     Ok(out)
 }
 
-/// `paths` (with their arguments) each file once: a file named again (the same device and
-/// inode, however spelled: a directory and a file in it, a link) is left out, and listed
-/// after the index of the entry kept for it.
+/// What tells a file from another: its device and inode, and (where a file system's inode
+/// numbers are not to be trusted, as some FUSE ones) its size and time of change. None for
+/// a file that cannot be found.
+fn file_id(p: &Path) -> Option<(u64, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
+}
+
+/// `paths` (with their arguments) each file once: a file named again (however spelled: a
+/// directory and a file in it, a link; see [`file_id`]) is left out, and listed after the
+/// index of the entry kept for it.
 fn drop_repeats(
     paths: Vec<PathBuf>,
     args: Vec<usize>,
 ) -> (Vec<PathBuf>, Vec<usize>, Vec<(usize, PathBuf)>) {
-    use std::os::unix::fs::MetadataExt;
-    let mut seen: Vec<Option<(u64, u64)>> = Vec::with_capacity(paths.len());
+    let mut seen = Vec::with_capacity(paths.len());
     let (mut kept, mut kept_args, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
     for (p, a) in paths.into_iter().zip(args) {
         // (a file that cannot be read is kept: opening it says what is wrong)
-        let id = std::fs::metadata(&p).ok().map(|m| (m.dev(), m.ino()));
+        let id = file_id(&p);
         match id.and_then(|id| seen.iter().position(|&s| s == Some(id))) {
             Some(k) => repeats.push((k, p)),
             None => {
