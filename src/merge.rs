@@ -277,19 +277,20 @@ fn drop_repeats(
     paths: Vec<PathBuf>,
     args: Vec<usize>,
 ) -> (Vec<PathBuf>, Vec<usize>, Vec<(usize, PathBuf)>) {
-    let mut seen = Vec::with_capacity(paths.len());
+    // (each file's index among those kept)
+    let mut seen = std::collections::HashMap::with_capacity(paths.len());
     let (mut kept, mut kept_args, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
     for (p, a) in paths.into_iter().zip(args) {
         // (a file that cannot be read is kept: opening it says what is wrong)
-        let id = file_id(&p);
-        match id.and_then(|id| seen.iter().position(|&s| s == Some(id))) {
-            Some(k) => repeats.push((k, p)),
-            None => {
-                seen.push(id);
-                kept.push(p);
-                kept_args.push(a);
+        if let Some(id) = file_id(&p) {
+            if let Some(&k) = seen.get(&id) {
+                repeats.push((k, p));
+                continue;
             }
+            seen.insert(id, kept.len());
         }
+        kept.push(p);
+        kept_args.push(a);
     }
     (kept, kept_args, repeats)
 }
