@@ -223,13 +223,7 @@ fn expand_inputs_from(
     let left_out = |q: &Path| {
         output.is_some()
             && file_id(q) == output
-            && (always
-                || Reader::open(q).is_ok_and(|r| {
-                    r.info()
-                        .context
-                        .as_ref()
-                        .is_some_and(|c| c.starts_with(MERGE_CONTEXT.as_bytes()))
-                }))
+            && (always || Reader::open(q).is_ok_and(|r| merge_context(r.info()).is_some()))
     };
     let mut out = Vec::new();
     for (arg, p) in inputs.iter().enumerate() {
@@ -711,15 +705,19 @@ pub(crate) fn process_tag(path: &Path, info: &TraceInfo) -> Location {
     }
 }
 
+/// The context of an earlier merge, as [`describe_merge`] made it (None for a trace of
+/// another context, or none).
+fn merge_context(info: &TraceInfo) -> Option<&[u8]> {
+    let c = info.context.as_deref()?;
+    c.starts_with(MERGE_CONTEXT.as_bytes()).then_some(c)
+}
+
 /// The pids of the traces an earlier merge holds, from the context it was given
 /// ([`describe_merge`]; none for another context).
 fn merged_pids(info: &TraceInfo) -> Vec<u64> {
-    let Some(c) = info.context.as_deref() else {
+    let Some(c) = merge_context(info) else {
         return Vec::new();
     };
-    if !c.starts_with(MERGE_CONTEXT.as_bytes()) {
-        return Vec::new();
-    }
     let c = String::from_utf8_lossy(c);
     c.split("(pid ")
         .skip(1)

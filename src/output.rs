@@ -70,9 +70,7 @@ impl OutputFile {
                 // The next buffers, faulted in here rather than on the caller's thread.
                 for _ in 0..PREPARED {
                     let mut b = Vec::with_capacity(CHUNK);
-                    for x in b.spare_capacity_mut().iter_mut().step_by(4096) {
-                        x.write(0u8);
-                    }
+                    fault_in_room(&mut b);
                     let _ = give_back.try_send(b);
                 }
                 for mut b in jobs {
@@ -96,9 +94,7 @@ impl OutputFile {
     /// Fault in the pages of the buffer being filled now, rather than one by one as bytes
     /// come in.
     pub fn fault_in(&mut self) {
-        for b in self.buf.spare_capacity_mut().iter_mut().step_by(4096) {
-            b.write(0);
-        }
+        fault_in_room(&mut self.buf);
     }
 
     /// Write the gathered bytes, or hand them to the thread and take an empty buffer.
@@ -150,6 +146,14 @@ impl OutputFile {
             self.send()?;
         }
         self.join()
+    }
+}
+
+/// Write a zero into each page of `b`'s room past its bytes: those pages are faulted in now
+/// (the bytes it holds stay as they are).
+fn fault_in_room(b: &mut Vec<u8>) {
+    for x in b.spare_capacity_mut().iter_mut().step_by(4096) {
+        x.write(0);
     }
 }
 
