@@ -75,12 +75,15 @@ impl FrameFormatter {
     }
 }
 
-/// Print every event of `reader` to `out`. Warnings go to `warn` as they happen.
+/// Print every event of `reader` to `out`. Warnings go to `warn` as they happen. As the
+/// reference dump does, it stops at a promote the reference reader refuses
+/// ([`Reader::set_strict_promotes`]).
 pub fn dump<R: Read, W: Write>(
     reader: &mut Reader<R>,
     out: &mut W,
     mut warn: impl FnMut(&str),
 ) -> Result<()> {
+    reader.set_strict_promotes(true);
     let start = reader.info().start_time;
     let v3 = reader.info().version >= 3;
     let mut frames = FrameFormatter::default();

@@ -81,6 +81,10 @@ pub struct Reader<R> {
     parse_backtraces: bool,
     keep_slots: bool,
     only_domain: Option<u16>,
+    /// Refuse, as the reference reader does, a promote of an id above the packet's count.
+    strict_promotes: bool,
+    /// Such a promote was read (and warned of) already.
+    warned_promote_ahead: bool,
     in_packet: bool,
     done: bool,
     warnings: Vec<Warning>,
@@ -135,6 +139,8 @@ impl<R: Read> Reader<R> {
             parse_backtraces: true,
             keep_slots: false,
             only_domain: None,
+            strict_promotes: false,
+            warned_promote_ahead: false,
             in_packet: false,
             done: false,
             warnings: Vec::new(),
@@ -169,6 +175,14 @@ impl<R: Read> Reader<R> {
     /// over silently (each domain's stream is self-contained).
     pub fn set_domain_filter(&mut self, domain: Option<u16>) {
         self.only_domain = domain;
+    }
+
+    /// Stop, as the reference reader does, at a format-3 promote with a negative id delta
+    /// (default: read it, with one warning per trace). OCaml 5 writes one when a domain
+    /// promotes a block it took over from a terminated domain whose id chunk lies above its
+    /// own count; the id is the one the writer meant, so reading on loses nothing.
+    pub fn set_strict_promotes(&mut self, yes: bool) {
+        self.strict_promotes = yes;
     }
 
     pub fn info(&self) -> &TraceInfo {
@@ -481,15 +495,51 @@ impl<R: Read> Reader<R> {
             &mut self.new_codes,
             self.parse_backtraces,
         );
+        let used = c.pos();
         match r {
+            Ok(Some(p @ Pending::Promote { id, .. })) if id >= self.alloc_id => {
+                self.promote_ahead(at, id)?;
+                self.pkt_pos += used;
+                Ok(Some(p))
+            }
             Ok(p) => {
-                self.pkt_pos += c.pos();
+                self.pkt_pos += used;
                 Ok(p)
             }
             // Errors name the offset of the event they are about.
             Err(Malformed::Truncated { .. }) => Err(self.err_at(at, Malformed::EventOverrun)),
             Err(what) => Err(self.err_at(at, what)),
         }
+    }
+
+    /// A format-3 promote of object `id`, at or above the packet's next id (a negative
+    /// delta): an error in strict mode, else read with one warning per trace.
+    #[cold]
+    #[inline(never)]
+    fn promote_ahead(&mut self, at: usize, id: u64) -> Result<()> {
+        if self.strict_promotes {
+            let delta = (self.alloc_id as i64)
+                .wrapping_sub(1)
+                .wrapping_sub(id as i64);
+            return Err(self.err_at(
+                at,
+                Malformed::BadValue {
+                    field: "promote id delta",
+                    value: delta,
+                },
+            ));
+        }
+        if !self.warned_promote_ahead {
+            self.warned_promote_ahead = true;
+            let what = format!(
+                "promote of object {id}, above this domain's last allocation {} (a negative \
+                 id delta: a block taken over from a terminated domain): read as that object; \
+                 the reference reader stops here (promote id sync)",
+                self.alloc_id as i64 - 1
+            );
+            self.warn(at, what);
+        }
+        Ok(())
     }
 
     /// At the end of a packet: finish it and move to the next one with events.
@@ -817,8 +867,10 @@ fn read_event_body(
         EventCode::Promote | EventCode::Collect => {
             let delta = c.vint()?;
             let is_promote = code == EventCode::Promote;
-            // v3 collects may name a later id (another domain's chunk); promotes never.
-            if delta < 0 && (is_promote || !v3) {
+            // v3 promotes and collects may name a later id (another domain's chunk: OCaml 5
+            // hands a terminated domain's blocks to another domain); the reference reader
+            // accepts this only for collects (see [`Reader::set_strict_promotes`]).
+            if delta < 0 && !v3 {
                 return Err(Malformed::BadValue {
                     field: if is_promote {
                         "promote id delta"

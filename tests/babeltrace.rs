@@ -249,7 +249,13 @@ fn read_ours(bytes: &[u8], name: &str) -> Ours {
     while let Some(e) = r.next_event().unwrap() {
         events.push(Seen::of(&e));
     }
-    assert!(r.warnings().is_empty(), "{name}: {:?}", r.warnings());
+    // (but for the one warning of OCaml 5's promotes of a terminated domain's blocks,
+    // which the reference reader refuses and babeltrace reads as we do)
+    let w = r.warnings();
+    assert!(
+        w.is_empty() || (w.len() == 1 && w[0].what.contains("the reference reader stops here")),
+        "{name}: {w:?}"
+    );
     Ours {
         start_time: r.info().start_time.0,
         version: r.info().version,
@@ -385,6 +391,27 @@ real! {
     v3_single => "v3/single.ctf",
     v3_multidomain => "v3/multidomain.ctf",
     v3_bytecode_location_overflow => "v3/bytecode-location-overflow.ctf",
+    ocaml5_stock => "ocaml5/domains.ctf",
+}
+
+/// Traces whose packets one writer does not cut alike (per-domain writers flushing each
+/// at its own pace): their location events are counted by babeltrace and our reader only.
+fn check_file_uncopied(path: &Path) {
+    let bytes = std::fs::read(path).unwrap();
+    check(&bytes, &path.display().to_string(), None);
+}
+
+macro_rules! real_uncopied {
+    ($($test:ident => $path:literal,)*) => {
+        $( #[test] fn $test() { check_file_uncopied(&data_dir().join($path)); } )*
+    };
+}
+
+real_uncopied! {
+    ocaml5_per_domain => "ocaml5/perdomain.ctf",
+    // (the reference reader stops part-way in these; babeltrace and ours read to the end)
+    ocaml5_rejected_parent => "ocaml5/rejected/parent.ctf",
+    ocaml5_rejected_child => "ocaml5/rejected/child-2.ctf",
 }
 
 #[test]

@@ -137,9 +137,10 @@ pub fn parse_stderr(path: &Path) -> Option<RefStderr> {
     let mut lines = Vec::new();
     let mut exit_status = None;
     for l in text.lines() {
-        if let Some(v) = l
-            .strip_prefix("[exit status: ")
+        // (`[exit status: N]`, or `exit status N` in the ocaml5/ files)
+        if let Some(v) = (l.strip_prefix("[exit status: "))
             .and_then(|v| v.strip_suffix(']'))
+            .or_else(|| l.strip_prefix("exit status "))
         {
             exit_status = Some(v.trim().parse().unwrap());
         } else if !l.trim().is_empty() {
