@@ -1,5 +1,15 @@
 //! The k-way merge of several traces into one: a heap over per-input cursors by absolute
 //! time, object ids renumbered, location codes kept or remapped, rates thinned to one.
+//!
+//! The file-order invariant: a reader meets every promote and collect after the allocation
+//! it names. Events are written in time order, an object's allocation before its promote
+//! and collect (one in the same microsecond that comes first waits for it), and each
+//! promote and collect goes to the output stream that allocated its object
+//! ([`Writer::allocating_domain`]), not to the one of the domain it came from: OCaml 5 hands
+//! a terminated domain's blocks to another domain, whose stream then names them. One
+//! stream's packets are written in order, so the invariant holds whatever other domains'
+//! packets are still open, and each id delta is non-negative (the reference reader refuses
+//! a negative one for promotes).
 
 use crate::buf::WriteBuf;
 use crate::codes::Codes;
@@ -565,8 +575,8 @@ struct InputState {
     warnings: Warnings,
     /// Promotes and collects of objects not live when their turn came (in time order):
     /// another domain may still allocate the object in the same microsecond, behind an
-    /// event of its own that came first. (source id, time, a collect, output domain)
-    waiting: Vec<(u64, u64, bool, DomainId)>,
+    /// event of its own that came first. (source id, time, a collect)
+    waiting: Vec<(u64, u64, bool)>,
 }
 
 impl InputState {
@@ -587,9 +597,9 @@ impl InputState {
 /// A promote or collect of an object not live: it waits for an allocation of that object
 /// in the same microsecond (another domain's), after those whose time has passed are given
 /// up.
-fn wait_for_object(st: &mut InputState, id: u64, time: u64, collect: bool, dom: DomainId) {
+fn wait_for_object(st: &mut InputState, id: u64, time: u64, collect: bool) {
     give_up_waiting(st, time);
-    st.waiting.push((id, time, collect, dom));
+    st.waiting.push((id, time, collect));
 }
 
 /// Leave out the waiting events before `time` (all of them: None): their object was never
@@ -599,7 +609,7 @@ fn give_up_waiting(st: &mut InputState, time: impl Into<Option<u64>>) {
     let n = (st.waiting.iter())
         .take_while(|w| time.is_none_or(|t| w.1 < t))
         .count();
-    for (id, _, collect, _) in st.waiting.drain(..n) {
+    for (id, _, collect) in st.waiting.drain(..n) {
         left_out_not_live(&mut st.warnings, id, collect);
     }
 }
@@ -610,9 +620,10 @@ fn left_out_not_live(warnings: &mut Warnings, id: u64, collect: bool) {
     warnings.push(format!("{what} of object {id} that is not live; left out"));
 }
 
-/// A promote (`collect` false) or collect of source object `id` at `time`, written in
-/// output domain `dom` when the object is live (left out when thinned away, or a second
-/// promote); false when it is not live.
+/// A promote (`collect` false) or collect of source object `id` at `time`, written when
+/// the object is live (left out when thinned away, or a second promote); false when it is
+/// not live. It is written in the output domain that allocated the object, which may not
+/// be the one of the stream it came in (see the module doc).
 #[inline(always)]
 fn follow_object(
     st: &mut InputState,
@@ -620,12 +631,14 @@ fn follow_object(
     id: u64,
     time: u64,
     collect: bool,
-    dom: DomainId,
 ) -> Result<bool> {
     if collect {
         match st.live.remove(id) {
             Some(DROPPED) => {}
-            Some(o) => w.put_collect(Timestamp(time), dom, ObjId(o & !PROMOTED))?,
+            Some(o) => {
+                let o = ObjId(o & !PROMOTED);
+                w.put_collect(Timestamp(time), allocating_domain(w, o)?, o)?
+            }
             None => return Ok(false),
         }
         return Ok(true);
@@ -636,13 +649,20 @@ fn follow_object(
             warn_input(st, format!("second promote of object {id}; left out"));
         }
         Some(o) => {
-            let out = *o;
+            let out = ObjId(*o);
             *o |= PROMOTED;
-            w.put_promote(Timestamp(time), dom, ObjId(out))?;
+            w.put_promote(Timestamp(time), allocating_domain(w, out)?, out)?;
         }
         None => return Ok(false),
     }
     Ok(true)
+}
+
+/// The output domain whose stream allocated merged object `id`.
+#[inline(always)]
+fn allocating_domain(w: &Writer<OutputFile>, id: ObjId) -> Result<DomainId> {
+    (w.allocating_domain(id))
+        .ok_or_else(|| Error::Internal(format!("merged object {} was never written", id.0)))
 }
 
 /// Object `id` was just allocated at `time`: the promotes and collects of it that wait
@@ -656,9 +676,9 @@ fn release_waiting(
 ) -> Result<()> {
     give_up_waiting(st, time);
     while let Some(k) = st.waiting.iter().position(|x| x.0 == id) {
-        let (_, t, collect, dom) = st.waiting.remove(k);
+        let (_, t, collect) = st.waiting.remove(k);
         // (a collect of it may have come first: a promote after it is not live either)
-        if !follow_object(st, w, id, t, collect, dom)? {
+        if !follow_object(st, w, id, t, collect)? {
             left_out_not_live(&mut st.warnings, id, collect);
         }
     }
@@ -1421,14 +1441,14 @@ fn merge_streams(
                 }
                 Ev::Promote { id } => {
                     st.report.promotes += 1;
-                    if !follow_object(st, w, id, time, false, dom)? {
-                        wait_for_object(st, id, time, false, dom);
+                    if !follow_object(st, w, id, time, false)? {
+                        wait_for_object(st, id, time, false);
                     }
                 }
                 Ev::Collect { id } => {
                     st.report.collects += 1;
-                    if !follow_object(st, w, id, time, true, dom)? {
-                        wait_for_object(st, id, time, true, dom);
+                    if !follow_object(st, w, id, time, true)? {
+                        wait_for_object(st, id, time, true);
                     }
                 }
             }

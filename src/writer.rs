@@ -103,6 +103,8 @@ pub struct Writer<W: Write> {
     last: usize,
     /// Next free id chunk (format 3).
     global_ids: u64,
+    /// (format 3) The stream each id chunk was handed to, in chunk order.
+    chunk_owner: Vec<u32>,
     loc_buf: WriteBuf,
     journal: Journal,
     stats: WriteStats,
@@ -137,6 +139,7 @@ impl<W: Write> Writer<W> {
             stream_of: IntMap::default(),
             last: 0,
             global_ids: 0,
+            chunk_owner: Vec::new(),
             loc_buf: WriteBuf::with_capacity(MAX_PACKET_SIZE),
             journal: Journal::default(),
             stats: WriteStats::default(),
@@ -212,6 +215,8 @@ impl<W: Write> Writer<W> {
         let (next_id, last_id) = if self.version >= 3 {
             let n = self.global_ids;
             self.global_ids += IDS_PER_CHUNK;
+            // (the stream is pushed next)
+            self.chunk_owner.push(self.streams.len() as u32);
             (n, n + IDS_PER_CHUNK)
         } else {
             (0, u64::MAX)
@@ -348,6 +353,7 @@ impl<W: Write> Writer<W> {
             s.next_id = self.global_ids;
             s.last_id = self.global_ids + IDS_PER_CHUNK;
             self.global_ids += IDS_PER_CHUNK;
+            self.chunk_owner.push(si as u32);
         }
         s.start_id = s.next_id;
         let v = if s.encoded {
@@ -705,6 +711,23 @@ impl<W: Write> Writer<W> {
         s.packet.u32(encode_header(code, time));
         s.packet.vint(delta);
         Ok(())
+    }
+
+    /// The domain whose stream allocated object `id` (format 2: the one stream's); None for
+    /// an id not handed out. A promote or collect written there follows its allocation in
+    /// file order (a stream's packets go out in the order written) and names it with a
+    /// non-negative delta, whatever other domains' packets are still open.
+    #[inline]
+    pub fn allocating_domain(&self, id: ObjId) -> Option<DomainId> {
+        let si = if self.version < 3 {
+            (id.0 < self.streams[0].next_id).then_some(0)
+        } else {
+            let si = *self.chunk_owner.get((id.0 / IDS_PER_CHUNK) as usize)? as usize;
+            // (a chunk's ids past its stream's count are not handed out yet)
+            let s = &self.streams[si];
+            (id.0 < s.next_id || id.0 / IDS_PER_CHUNK != s.next_id / IDS_PER_CHUNK).then_some(si)
+        }?;
+        Some(DomainId(self.streams[si].domain))
     }
 
     #[inline]
