@@ -257,9 +257,16 @@ fn check_id(input: ObjId, output: ObjId) -> Result<()> {
 #[cold]
 fn ids_differ(input: ObjId, output: ObjId) -> Error {
     Error::Write(format!(
-        "allocation id {} re-encoded as {} (input ids are not in file order)",
+        "allocation id {} re-encoded as {} ({IDS_NOT_IN_ORDER})",
         input.0, output.0
     ))
+}
+
+const IDS_NOT_IN_ORDER: &str = "input ids are not in file order";
+
+/// The copy could not keep the input's allocation ids ([`ids_differ`]).
+fn is_id_layout_error(e: &Error) -> bool {
+    matches!(e, Error::Write(m) if m.ends_with(&format!("({IDS_NOT_IN_ORDER})")))
 }
 
 /// Events copied on one thread before the reading may move to another.
@@ -491,9 +498,31 @@ pub fn copy_file(
         version,
         lossless: false,
     };
-    let (out, _, warnings) = copy_named(&mut r, out, opts, output, |r, w| {
+    let copied = copy_named(&mut r, out, opts, output, |r, w| {
         copy_same_layout(r, w, true)
-    })?;
+    });
+    let (out, _, warnings) = match copied {
+        // Per-domain writers (OCaml 5) take their id chunks in another order than their
+        // packets reach the file, which one writer cannot reproduce: the copy is then made
+        // as a merge of the one input, in time order, its ids renumbered.
+        Err(e) if version >= 3 && is_id_layout_error(&e) => {
+            drop(tmp);
+            let opts = crate::merge::MergeOptions {
+                format: Some(version),
+                ..Default::default()
+            };
+            let report = crate::merge::merge(&[input.to_path_buf()], output, &opts)?;
+            let mut warnings = vec![format!(
+                "{}: its domains number their objects in another order than their packets \
+                 are written (per-domain writers): copied with the same events, the ids \
+                 renumbered (not the same bytes)",
+                input.display()
+            )];
+            warnings.extend(report.inputs.into_iter().flat_map(|i| i.warnings));
+            return Ok(warnings);
+        }
+        r => r?,
+    };
     let f = out
         .into_inner()
         .map_err(|e| Error::io(output, "write", e.into_error()))?;
