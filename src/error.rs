@@ -60,6 +60,11 @@ pub enum Malformed {
         id: i64,
         next: u64,
     },
+    /// (format 3) A promote naming an id at or above its packet's next one (a negative id
+    /// delta): OCaml 5's promote of a block taken over from a terminated domain, which the
+    /// reference reader refuses (`promote id sync`). An error only in strict mode
+    /// ([`crate::Reader::set_strict_promotes`]); `time` is the event's.
+    PromoteAhead { id: u64, delta: i64, time: u64 },
     /// The packet's alloc_id_end disagrees with the allocations it holds.
     AllocIdSync { header_end: u64, counted: u64 },
     /// The packet header's backtrace-cache verifier does not match the cache.
@@ -122,6 +127,11 @@ impl fmt::Display for Malformed {
             BadObjectId { event, id, next } => {
                 write!(f, "{event} of object id {id}, but only {next} allocated")
             }
+            PromoteAhead { id, delta, .. } => write!(
+                f,
+                "promote of object {id} with a negative id delta {delta} (a block taken over \
+                 from a terminated domain), which the reference reader refuses (promote id sync)"
+            ),
             AllocIdSync {
                 header_end,
                 counted,

@@ -5,7 +5,7 @@
 //! it names. Events are written in time order, an object's allocation before its promote
 //! and collect (one in the same microsecond that comes first waits for it), and each
 //! promote and collect goes to the output stream that allocated its object
-//! ([`Writer::allocating_domain`]), not to the one of the domain it came from: OCaml 5 hands
+//! ([`Writer::put_id_event_where_allocated`]), not to the one of the domain it came from: OCaml 5 hands
 //! a terminated domain's blocks to another domain, whose stream then names them. One
 //! stream's packets are written in order, so the invariant holds whatever other domains'
 //! packets are still open, and each id delta is non-negative (the reference reader refuses
@@ -636,8 +636,7 @@ fn follow_object(
         match st.live.remove(id) {
             Some(DROPPED) => {}
             Some(o) => {
-                let o = ObjId(o & !PROMOTED);
-                w.put_collect(Timestamp(time), allocating_domain(w, o)?, o)?
+                w.put_id_event_where_allocated(true, Timestamp(time), ObjId(o & !PROMOTED))?
             }
             None => return Ok(false),
         }
@@ -651,18 +650,11 @@ fn follow_object(
         Some(o) => {
             let out = ObjId(*o);
             *o |= PROMOTED;
-            w.put_promote(Timestamp(time), allocating_domain(w, out)?, out)?;
+            w.put_id_event_where_allocated(false, Timestamp(time), out)?;
         }
         None => return Ok(false),
     }
     Ok(true)
-}
-
-/// The output domain whose stream allocated merged object `id`.
-#[inline(always)]
-fn allocating_domain(w: &Writer<OutputFile>, id: ObjId) -> Result<DomainId> {
-    (w.allocating_domain(id))
-        .ok_or_else(|| Error::Internal(format!("merged object {} was never written", id.0)))
 }
 
 /// Object `id` was just allocated at `time`: the promotes and collects of it that wait

@@ -497,14 +497,14 @@ impl<R: Read> Reader<R> {
         );
         let used = c.pos();
         match r {
-            Ok(Some(p @ Pending::Promote { id, .. })) if id >= self.alloc_id => {
-                self.promote_ahead(at, id)?;
-                self.pkt_pos += used;
-                Ok(Some(p))
-            }
             Ok(p) => {
                 self.pkt_pos += used;
                 Ok(p)
+            }
+            Err(Malformed::PromoteAhead { id, delta, time }) if !self.strict_promotes => {
+                self.promote_ahead(at, id, delta);
+                self.pkt_pos += used;
+                Ok(Some(Pending::Promote { time, id }))
             }
             // Errors name the offset of the event they are about.
             Err(Malformed::Truncated { .. }) => Err(self.err_at(at, Malformed::EventOverrun)),
@@ -513,33 +513,19 @@ impl<R: Read> Reader<R> {
     }
 
     /// A format-3 promote of object `id`, at or above the packet's next id (a negative
-    /// delta): an error in strict mode, else read with one warning per trace.
+    /// delta), read: warned of once per trace.
     #[cold]
     #[inline(never)]
-    fn promote_ahead(&mut self, at: usize, id: u64) -> Result<()> {
-        if self.strict_promotes {
-            let delta = (self.alloc_id as i64)
-                .wrapping_sub(1)
-                .wrapping_sub(id as i64);
-            return Err(self.err_at(
-                at,
-                Malformed::BadValue {
-                    field: "promote id delta",
-                    value: delta,
-                },
-            ));
-        }
+    fn promote_ahead(&mut self, at: usize, id: u64, delta: i64) {
         if !self.warned_promote_ahead {
             self.warned_promote_ahead = true;
             let what = format!(
-                "promote of object {id}, above this domain's last allocation {} (a negative \
-                 id delta: a block taken over from a terminated domain): read as that object; \
-                 the reference reader stops here (promote id sync)",
-                self.alloc_id as i64 - 1
+                "promote of object {id} with a negative id delta {delta} (a block taken over \
+                 from a terminated domain): read as that object; the reference reader stops \
+                 here (promote id sync)"
             );
             self.warn(at, what);
         }
-        Ok(())
     }
 
     /// At the end of a packet: finish it and move to the next one with events.
@@ -870,15 +856,8 @@ fn read_event_body(
             // v3 promotes and collects may name a later id (another domain's chunk: OCaml 5
             // hands a terminated domain's blocks to another domain); the reference reader
             // accepts this only for collects (see [`Reader::set_strict_promotes`]).
-            if delta < 0 && !v3 {
-                return Err(Malformed::BadValue {
-                    field: if is_promote {
-                        "promote id delta"
-                    } else {
-                        "collect id delta"
-                    },
-                    value: delta,
-                });
+            if delta < 0 && (is_promote || !v3) {
+                return Err(negative_delta(v3, is_promote, delta, *alloc_id, time));
             }
             let id = (*alloc_id as i64).wrapping_sub(1).wrapping_sub(delta);
             if id < 0 {
@@ -895,6 +874,28 @@ fn read_event_body(
                 Pending::Collect { time, id }
             }))
         }
+    }
+}
+
+/// The error of a promote or collect with a negative id delta: a bad value but for a
+/// format-3 promote ([`Malformed::PromoteAhead`], which the reader reads unless strict).
+#[cold]
+#[inline(never)]
+fn negative_delta(v3: bool, is_promote: bool, delta: i64, next: u64, time: u64) -> Malformed {
+    if let Some(id) = (v3.then_some(next as i64 - 1)).and_then(|n| n.checked_sub(delta)) {
+        return Malformed::PromoteAhead {
+            id: id as u64,
+            delta,
+            time,
+        };
+    }
+    Malformed::BadValue {
+        field: if is_promote {
+            "promote id delta"
+        } else {
+            "collect id delta"
+        },
+        value: delta,
     }
 }
 

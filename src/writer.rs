@@ -713,21 +713,46 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// The domain whose stream allocated object `id` (format 2: the one stream's); None for
-    /// an id not handed out. A promote or collect written there follows its allocation in
-    /// file order (a stream's packets go out in the order written) and names it with a
+    /// The stream that allocated object `id` (format 2: the one stream), if it was handed
+    /// out (format 2: checked when written).
+    #[inline(always)]
+    fn allocating_stream(&self, id: ObjId) -> Option<usize> {
+        if self.version < 3 {
+            return Some(0);
+        }
+        let si = *self.chunk_owner.get((id.0 / IDS_PER_CHUNK) as usize)? as usize;
+        // (a chunk's ids past its stream's count are not handed out yet)
+        let s = &self.streams[si];
+        (id.0 < s.next_id || id.0 / IDS_PER_CHUNK != s.next_id / IDS_PER_CHUNK).then_some(si)
+    }
+
+    /// A promote (`collect` false) or collect of `id`, written in the stream that allocated
+    /// it rather than in a domain the caller names: there it follows its allocation in file
+    /// order (a stream's packets go out in the order written) and names it with a
     /// non-negative delta, whatever other domains' packets are still open.
-    #[inline]
-    pub fn allocating_domain(&self, id: ObjId) -> Option<DomainId> {
-        let si = if self.version < 3 {
-            (id.0 < self.streams[0].next_id).then_some(0)
+    #[inline(always)]
+    pub fn put_id_event_where_allocated(
+        &mut self,
+        collect: bool,
+        time: Timestamp,
+        id: ObjId,
+    ) -> Result<()> {
+        let code = if collect {
+            EventCode::Collect
         } else {
-            let si = *self.chunk_owner.get((id.0 / IDS_PER_CHUNK) as usize)? as usize;
-            // (a chunk's ids past its stream's count are not handed out yet)
-            let s = &self.streams[si];
-            (id.0 < s.next_id || id.0 / IDS_PER_CHUNK != s.next_id / IDS_PER_CHUNK).then_some(si)
-        }?;
-        Some(DomainId(self.streams[si].domain))
+            EventCode::Promote
+        };
+        let Some(si) = self.allocating_stream(id) else {
+            return Err(not_allocated(code, id));
+        };
+        let d = DomainId(self.streams[si].domain);
+        self.put_id_event(code, time, d, id)?;
+        if collect {
+            self.stats.collects += 1;
+        } else {
+            self.stats.promotes += 1;
+        }
+        Ok(())
     }
 
     #[inline]
