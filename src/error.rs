@@ -32,6 +32,8 @@ pub enum Malformed {
     Truncated { needed: u64, available: u64 },
     /// A packet header does not start with 0xc1fc1fc1.
     BadMagic(u32),
+    /// The file does not start with a CTF packet header (or is empty): the reason.
+    NotATrace(&'static str),
     /// A format version this reader does not know.
     UnsupportedVersion(u16),
     /// Declared packet size (in bits) that cannot hold the header.
@@ -97,6 +99,7 @@ impl fmt::Display for Malformed {
                 write!(f, "truncated: needed {needed} bytes, only {available} left")
             }
             BadMagic(m) => write!(f, "not a CTF packet (magic {m:#010x}, expected 0xc1fc1fc1)"),
+            NotATrace(why) => write!(f, "not a memtrace trace ({why})"),
             UnsupportedVersion(v) => {
                 write!(
                     f,

@@ -35,6 +35,16 @@ pub fn ignore_file_size_signal() {
     }
 }
 
+/// Let a write to a closed pipe end the process quietly (SIGPIPE's default action), as it
+/// ends `cat`, rather than fail every later write. For the command line, as
+/// [`install_interrupt_handler`].
+pub fn default_broken_pipe_signal() {
+    // SAFETY: restoring a signal's default disposition runs no code of ours.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// A path as the system takes it (no NUL inside).
 #[cfg(target_os = "linux")]
 fn c_path(p: &Path) -> std::io::Result<std::ffi::CString> {

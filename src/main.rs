@@ -64,9 +64,12 @@ enum Cmd {
         /// context string of the merged trace
         #[arg(long)]
         context: Option<String>,
-        /// No progress line and no per-input summary
+        /// No progress line and no summary (warnings are still printed)
         #[arg(short, long)]
         quiet: bool,
+        /// Do not print warnings (a truncated input, thinning, a trace given twice, ...)
+        #[arg(long)]
+        no_warnings: bool,
         /// Flush the output to disk before renaming it into place (survives a power loss)
         #[arg(long)]
         fsync: bool,
@@ -113,14 +116,34 @@ enum RateArg {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout or stderr (`info f | head -1`) ends the process quietly, as it does
+    // `cat`; other write errors are one line and exit 2, never a panic.
+    memtrace_merge::ffi::default_broken_pipe_signal();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("memtrace-merge: {e}");
+            say(format_args!("memtrace-merge: {e}"));
             ExitCode::from(2)
         }
     }
+}
+
+/// A line on stderr; if stderr cannot be written, there is nobody to tell.
+fn say(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Write `text` to stdout, an error naming stdout if that fails.
+fn print_out(text: &str) -> Result<(), memtrace_merge::Error> {
+    let mut out = std::io::stdout().lock();
+    (out.write_all(text.as_bytes()))
+        .and_then(|_| out.flush())
+        .map_err(stdout_error)
+}
+
+fn stdout_error(e: std::io::Error) -> memtrace_merge::Error {
+    memtrace_merge::Error::io("<stdout>", "write", e)
 }
 
 fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
@@ -128,25 +151,27 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         Cmd::Info { file, json } => {
             let s = memtrace_merge::summary::summarize_file(&file)?;
             if json {
-                print!("{}", s.to_json());
+                print_out(&s.to_json())?;
             } else {
-                print!("{s}");
+                print_out(&s.to_string())?;
             }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { files, quiet } => {
             let mut out = std::io::stdout().lock();
             let code = memtrace_merge::check::run_check(&files, quiet, &mut out)
-                .map_err(|e| memtrace_merge::Error::io("<stdout>", "write", e))?;
+                .and_then(|c| out.flush().map(|_| c))
+                .map_err(stdout_error)?;
             Ok(ExitCode::from(code))
         }
         Cmd::Dump { file } => {
             let mut r = Reader::open(&file)?;
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            let res = dump::dump(&mut r, &mut out, |w| eprintln!("warning: {w}"));
-            let _ = out.flush();
+            let res = dump::dump(&mut r, &mut out, |w| say(format_args!("warning: {w}")));
+            let flushed = out.flush().map_err(stdout_error);
             res?;
+            flushed?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Merge {
@@ -159,6 +184,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             pid,
             context,
             quiet,
+            no_warnings,
             fsync,
             inputs,
         } => {
@@ -184,12 +210,19 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             if report.is_err()
                 && memtrace_merge::merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)
             {
-                eprintln!("memtrace-merge: interrupted; no output written");
+                say(format_args!(
+                    "memtrace-merge: interrupted; no output written"
+                ));
                 return Ok(ExitCode::from(130));
             }
             let report = report?;
+            if !no_warnings {
+                let w = memtrace_merge::merge::format_warnings(&report);
+                let _ = std::io::stderr().lock().write_all(w.as_bytes());
+            }
             if !quiet {
-                eprint!("{}", memtrace_merge::merge::format_report(&report));
+                let s = memtrace_merge::merge::format_report(&report);
+                let _ = std::io::stderr().lock().write_all(s.as_bytes());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -207,8 +240,8 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 readable_part,
             };
             let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
-            println!(
-                "sources: {} allocs, {} samples{}; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}",
+            print_out(&format!(
+                "sources: {} allocs, {} samples{}; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}\n",
                 r.source_allocs,
                 r.source_samples,
                 if r.sources_cut > 0 {
@@ -224,7 +257,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 r.merged_bad_events,
                 r.merged_warnings,
                 if r.equal() { "equal" } else { "DIFFERENT" }
-            );
+            ))?;
             Ok(if r.equal() {
                 ExitCode::SUCCESS
             } else {
@@ -236,9 +269,10 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             output,
             format,
         } => {
+            memtrace_merge::ffi::ignore_file_size_signal();
             let warnings = memtrace_merge::copy::copy_file(&input, &output, format)?;
             for w in warnings {
-                eprintln!("warning: {w}");
+                say(format_args!("warning: {w}"));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -24,14 +24,14 @@ use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::OutputFile;
 use crate::placement::Placement;
-use crate::reader::{scan_domains, Reader};
+use crate::reader::{scan_packets, PacketScan, Reader};
 use crate::share::ShareOf;
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::fs::File;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -703,6 +703,58 @@ struct Opened {
     path: PathBuf,
     info: TraceInfo,
     domains: Vec<u16>,
+    /// Allocations its packet headers claim (u64::MAX: not counted).
+    alloc_ids: u64,
+}
+
+/// The merged trace's sampling rate: the slowest input's among those that hold allocations
+/// (one that holds none, a worker killed before its first event packet, has nothing to
+/// thin the others for). Counts the inputs' allocations when their rates differ.
+fn merged_rate(opened: &mut [Opened]) -> Result<f64> {
+    let rate = |o: &Opened| o.info.sample_rate;
+    if opened.iter().all(|o| rate(o) == rate(&opened[0])) {
+        return Ok(rate(&opened[0]));
+    }
+    for o in opened.iter_mut().filter(|o| o.alloc_ids == u64::MAX) {
+        o.alloc_ids = scan_packets(&o.path, true)?.alloc_ids;
+    }
+    let slowest = |any: bool| {
+        (opened.iter())
+            .filter(|o| any || o.alloc_ids > 0)
+            .map(rate)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let with_allocs = slowest(false);
+    Ok(if with_allocs.is_finite() {
+        with_allocs
+    } else {
+        slowest(true)
+    })
+}
+
+/// When thinning to `min_rate` keeps little of the other inputs (the slowest hold a small
+/// share of the allocations), a sentence saying how much the merge drops.
+fn thinning_cost(opened: &[Opened], min_rate: f64) -> Option<String> {
+    let (mut slow, mut others, mut kept) = (0f64, 0f64, 0f64);
+    for o in opened {
+        let n = o.alloc_ids as f64;
+        if o.info.sample_rate <= min_rate {
+            slow += n;
+        } else {
+            others += n;
+            kept += n * min_rate / o.info.sample_rate;
+        }
+    }
+    let share = slow / (slow + others);
+    (others > 0.0 && share < 0.25).then(|| {
+        format!(
+            "sampled at {min_rate}, the slowest rate, the inputs at that rate hold {:.1}% of \
+             all allocations: thinning the others to it keeps about {:.1}% of their samples \
+             (merge without the slow inputs to keep them, or --rate-mismatch fail to refuse)",
+            100.0 * share,
+            100.0 * kept / others
+        )
+    })
 }
 
 /// The root frame `--tag-processes` gives an input's backtraces: its file name, its pid
@@ -804,6 +856,12 @@ fn merge_attempt(
     if output.as_os_str().is_empty() {
         return Err(Error::Usage("empty output path".into()));
     }
+    if opts.pid == Some(0) {
+        return Err(Error::Usage(
+            "pid 0 is not a process id: give a positive pid, or none to keep the first input's"
+                .into(),
+        ));
+    }
     if let Some(f) = opts.format {
         if !(2..=3).contains(&f) {
             return Err(Error::Usage(format!(
@@ -833,19 +891,23 @@ fn merge_attempt(
     for (k, p) in paths.iter().enumerate() {
         let res = Reader::open(p).and_then(|r| {
             let info = r.info().clone();
-            let domains = if info.version >= 3 {
-                scan_domains(p)?
+            let scan = if info.version >= 3 {
+                scan_packets(p, true)?
             } else {
-                vec![0]
+                PacketScan {
+                    domains: vec![0],
+                    alloc_ids: u64::MAX,
+                }
             };
-            Ok((info, domains))
+            Ok((info, scan))
         });
         match res {
-            Ok((info, domains)) => opened.push(Opened {
+            Ok((info, scan)) => opened.push(Opened {
                 index: k,
                 path: p.clone(),
                 info,
-                domains,
+                domains: scan.domains,
+                alloc_ids: scan.alloc_ids,
             }),
             Err(e) if opts.skip_bad_inputs => {
                 skipped.push((
@@ -881,17 +943,15 @@ fn merge_attempt(
             word
         )));
     }
-    let min_rate = opened
-        .iter()
-        .map(|o| o.info.sample_rate)
-        .fold(f64::INFINITY, f64::min);
+    let min_rate = merged_rate(&mut opened)?;
     if opts.rate_mismatch == RateMismatch::Fail {
         if let Some(Opened {
             path: p, info: i, ..
-        }) = opened.iter().find(|o| o.info.sample_rate != min_rate)
+        }) = (opened.iter()).find(|o| o.info.sample_rate != min_rate && o.alloc_ids > 0)
         {
             return Err(Error::Incompatible(format!(
-                "sampling rates differ: {} has {}, the slowest input has {} (use rate-mismatch thin)",
+                "sampling rates differ: {} has {}, the slowest input has {} (--rate-mismatch \
+                 thin thins the faster ones to it)",
                 p.display(),
                 i.sample_rate,
                 min_rate
@@ -960,13 +1020,22 @@ fn merge_attempt(
         };
         if p_keep < 1.0 {
             st.thinner = Some(Thinner::new(p_keep, opts.seed, k as u64));
+        } else if i.sample_rate < min_rate {
             warn_input(
                 &mut st,
                 format!(
-                    "sampled at rate {} > {}: thinned, keeping each sample with probability {:.6}",
-                    i.sample_rate, min_rate, p_keep
+                    "sampled at rate {}, but it holds no allocations: the merge keeps the \
+                     rate of the others ({min_rate})",
+                    i.sample_rate
                 ),
             );
+        }
+        if i.sample_rate == min_rate
+            && opened.iter().position(|x| x.info.sample_rate == min_rate) == Some(k)
+        {
+            if let Some(m) = thinning_cost(&opened, min_rate) {
+                warn_input(&mut st, m);
+            }
         }
         // An earlier merge beside one of the traces it holds (a directory merged before,
         // its output kept under another name): that process's allocations would be twice.
@@ -1157,13 +1226,10 @@ fn merge_attempt(
         &mut progress,
     )?;
     if let Merged::ShareTooSmall = merged {
-        if show_progress {
-            eprintln!("\rmemtrace-merge: a backtrace too deep to encode ahead: merging again");
-        }
         return Ok(None);
     }
     if show_progress && started.elapsed() > Duration::from_secs(1) {
-        eprintln!();
+        let _ = writeln!(std::io::stderr());
     }
     let decoded = pipe
         .finish()
@@ -1192,6 +1258,7 @@ fn merge_attempt(
     let file = out.finish().map_err(|e| Error::io(output, "write", e))?;
     tmp.commit(file, opts.fsync)?;
 
+    let info_rate = min_rate;
     let mut report = MergeReport {
         output: output.to_path_buf(),
         format,
@@ -1214,15 +1281,20 @@ fn merge_attempt(
                 } else {
                     st.report.samples_written as f64 / st.report.samples_read as f64
                 };
-                let msg = format!(
-                    "thinned: kept {} of {} samples ({:.4}%), {} of {} allocations",
-                    st.report.samples_written,
-                    st.report.samples_read,
-                    100.0 * st.report.keep_fraction,
-                    st.report.allocs_written,
-                    st.report.allocs
-                );
-                st.report.warnings.push(msg);
+                if st.report.samples_read > 0 {
+                    let msg = format!(
+                        "sampled at rate {}, thinned to the slowest input's {}: kept {} of \
+                         {} samples ({:.2}%) and {} of {} allocations",
+                        st.report.sample_rate,
+                        info_rate,
+                        st.report.samples_written,
+                        st.report.samples_read,
+                        100.0 * st.report.keep_fraction,
+                        st.report.allocs_written,
+                        st.report.allocs
+                    );
+                    st.report.warnings.push(msg);
+                }
             }
             (o.index, st.report)
         })
@@ -1467,7 +1539,8 @@ fn merge_streams(
                     {
                         progress.last = now;
                         let done = pipe.bytes_read();
-                        eprint!(
+                        let _ = write!(
+                            std::io::stderr(),
                             "\rmemtrace-merge: {} events, {:.0}%   ",
                             nevents,
                             100.0 * (done as f64 / progress.total_bytes.max(1) as f64).min(1.0)
@@ -1496,51 +1569,60 @@ fn merge_streams(
     Ok(Merged::Done)
 }
 
-/// A person-readable summary of a merge: one line per input, then the totals.
+/// A person-readable summary of a merge: one line per input, then the totals (warnings
+/// apart: [`format_warnings`]).
 pub fn format_report(r: &MergeReport) -> String {
     let mut s = String::new();
     for i in &r.inputs {
         if i.skipped {
             s.push_str(&format!("{}: skipped\n", i.path.display()));
-        } else {
-            s.push_str(&format!(
-                "{}: pid {}, format {}, rate {}: {} events ({} allocs, {} promotes, {} collects); {} allocs written{}{}{}\n",
-                i.path.display(),
-                i.pid,
-                i.format,
-                i.sample_rate,
-                i.events,
-                i.allocs,
-                i.promotes,
-                i.collects,
-                i.allocs_written,
-                if i.skipped_packets > 0 { format!(", {} packets skipped", i.skipped_packets) } else { String::new() },
-                if i.remapped_codes > 0 { format!(", {} location codes remapped", i.remapped_codes) } else { String::new() },
-                if i.keep_fraction < 1.0 { format!(", thinned to {:.4}% of samples", 100.0 * i.keep_fraction) } else { String::new() },
-            ));
+            continue;
         }
-        for w in &i.warnings {
-            s.push_str(&format!("  warning: {w}\n"));
-        }
+        s.push_str(&format!(
+            "{}: pid {}, format {}, rate {}: {} events ({} allocs, {} promotes, {} collects); {} allocs written{}{}{}\n",
+            i.path.display(),
+            i.pid,
+            i.format,
+            i.sample_rate,
+            i.events,
+            i.allocs,
+            i.promotes,
+            i.collects,
+            i.allocs_written,
+            if i.skipped_packets > 0 { format!(", {} packets skipped", i.skipped_packets) } else { String::new() },
+            if i.remapped_codes > 0 { format!(", {} location codes renumbered", i.remapped_codes) } else { String::new() },
+            if i.keep_fraction < 1.0 { format!(", thinned to {:.2}% of its samples", 100.0 * i.keep_fraction) } else { String::new() },
+        ));
     }
     s.push_str(&format!(
-        "{}: format {}, {} allocs, {} promotes, {} collects{}{}\n",
+        "{}: format {}, {} allocs, {} promotes, {} collects{}\n",
         r.output.display(),
         r.format,
         r.allocs,
         r.promotes,
         r.collects,
         if r.remapped_codes > 0 {
-            format!(", {} location codes remapped", r.remapped_codes)
+            format!(", {} location codes renumbered", r.remapped_codes)
         } else {
             String::new()
         },
-        if r.encoded_ahead {
-            ", backtraces encoded ahead"
-        } else {
-            ""
-        }
     ));
+    s
+}
+
+/// Every warning of a merge, a line each, naming its input (the reader's name it already).
+pub fn format_warnings(r: &MergeReport) -> String {
+    let mut s = String::new();
+    for i in &r.inputs {
+        let path = i.path.display().to_string();
+        for w in &i.warnings {
+            if w.starts_with(&format!("{path}: ")) {
+                s.push_str(&format!("warning: {w}\n"));
+            } else {
+                s.push_str(&format!("warning: {path}: {w}\n"));
+            }
+        }
+    }
     s
 }
 
@@ -1779,6 +1861,7 @@ mod tests {
                     path: PathBuf::from(format!("{}{}.ctf", "x".repeat(i + k), ch.repeat(120))),
                     info: crate::writer::tests::info(2),
                     domains: vec![0],
+                    alloc_ids: 0,
                 })
                 .collect();
             let d = String::from_utf8(describe_merge(&opened)).unwrap();

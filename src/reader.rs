@@ -281,10 +281,21 @@ impl<R: Read> Reader<R> {
             return Ok(None);
         }
         let mut c = Cursor::new(&self.buf[self.start..self.start + avail]);
+        let magic = crate::packet::MAGIC.to_le_bytes();
+        let first = self.packet_index == 0;
         match PacketHeader::parse(&mut c) {
             Ok(h) => Ok(Some(h)),
+            Err(Malformed::BadMagic(_)) if first => {
+                Err(self.err_at(self.start, Malformed::NotATrace("no CTF packet header")))
+            }
+            Err(Malformed::Truncated { .. })
+                if first
+                    && self.buf[self.start..self.start + avail.min(4)] != magic[..avail.min(4)] =>
+            {
+                Err(self.err_at(self.start, Malformed::NotATrace("no CTF packet header")))
+            }
             Err(Malformed::Truncated { .. }) if avail < 68 => {
-                if self.packet_index == 0 {
+                if first {
                     return Err(self.err_at(
                         self.start,
                         Malformed::Truncated {
@@ -310,7 +321,7 @@ impl<R: Read> Reader<R> {
     fn read_info(&mut self) -> Result<()> {
         let h = match self.read_header()? {
             Some(h) => h,
-            None => return Err(self.err_at(self.start, Malformed::BadInfoPacket("empty file"))),
+            None => return Err(self.err_at(self.start, Malformed::NotATrace("empty file"))),
         };
         let size = h.size as usize;
         if size > crate::packet::MAX_PACKET_SIZE {
@@ -908,11 +919,27 @@ pub const MAX_MERGE_DOMAINS: usize = 1024;
 /// packet's first), from its packet headers alone (formats 1-2: just domain 0). Stops
 /// quietly at the first damaged header. More than [`MAX_MERGE_DOMAINS`] is an error.
 pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
+    Ok(scan_packets(path, false)?.domains)
+}
+
+/// What a trace's packet headers say, read without its events.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PacketScan {
+    /// As [`scan_domains`].
+    pub domains: Vec<u16>,
+    /// Allocations the headers' id ranges claim (format 2: the last id; format 3: the sum
+    /// of each packet's range), when asked for.
+    pub alloc_ids: u64,
+}
+
+/// Scan a trace's packet headers: its domains and, with `count_allocs` (or in format 3),
+/// its allocations. Stops quietly at the first damaged header.
+pub fn scan_packets(path: &Path, count_allocs: bool) -> Result<PacketScan> {
     use std::io::{Seek, SeekFrom};
     let mut f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
     let len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
     let mut off = 0u64;
-    let mut domains = Vec::new();
+    let mut scan = PacketScan::default();
     let mut seen = vec![false; 1 << 16];
     let mut hdr = [0u8; 68];
     let mut first = true;
@@ -927,15 +954,24 @@ pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
             Ok(h) => h,
             Err(_) => break,
         };
-        if first && h.version < 3 {
-            return Ok(vec![0]);
+        if h.version < 3 {
+            if !count_allocs {
+                scan.domains = vec![0];
+                return Ok(scan);
+            }
+            // (the reader skips packets out of sequence: the last id counts them all)
+            if h.size <= len - off {
+                scan.alloc_ids = scan.alloc_ids.max(h.alloc_id_end);
+            }
+        } else if h.size <= len - off {
+            scan.alloc_ids += h.alloc_id_end.saturating_sub(h.alloc_id_begin);
         }
         // a packet that is only its header holds no event: it needs no stream
         let has_events = h.size > header_size(h.version) as u64;
-        if (first || has_events) && !seen[h.domain as usize] {
+        if h.version >= 3 && (first || has_events) && !seen[h.domain as usize] {
             seen[h.domain as usize] = true;
-            domains.push(h.domain);
-            if domains.len() > MAX_MERGE_DOMAINS {
+            scan.domains.push(h.domain);
+            if scan.domains.len() > MAX_MERGE_DOMAINS {
                 return Err(Error::Incompatible(format!(
                     "{}: more than {MAX_MERGE_DOMAINS} domains with events (another one at byte {off}); merging so many domains of one trace is not supported",
                     path.display()
@@ -945,8 +981,8 @@ pub fn scan_domains(path: &Path) -> Result<Vec<u16>> {
         first = false;
         off += h.size;
     }
-    if domains.is_empty() {
-        domains.push(0);
+    if scan.domains.is_empty() {
+        scan.domains.push(0);
     }
-    Ok(domains)
+    Ok(scan)
 }

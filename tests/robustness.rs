@@ -955,7 +955,8 @@ fn merge_damaged(
     assert!(rep.is_valid(), "{:?}", rep.problems);
     assert_eq!(report.inputs.len(), 2);
     assert!(report.inputs[1].warnings.is_empty() && report.inputs[1].skipped_packets == 0);
-    let text = memtrace_merge::merge::format_report(&report);
+    let text = memtrace_merge::merge::format_report(&report)
+        + &memtrace_merge::merge::format_warnings(&report);
     std::fs::remove_file(&out).unwrap();
     (report.inputs[0].clone(), text)
 }
@@ -1198,7 +1199,7 @@ fn not_a_trace_or_a_future_version_is_a_clear_error_naming_the_file() {
     let future = dir.join("future.ctf");
     std::fs::write(&future, &v4).unwrap();
     for (f, msg) in [
-        (&readme, "not a CTF packet"),
+        (&readme, "not a memtrace trace (no CTF packet header)"),
         (
             &future,
             "trace format v004, but this reader knows v001 to v003",
