@@ -191,6 +191,11 @@ typedef struct MemtraceMergeInputReport {
    * Number of warnings about this input.
    */
   uint64_t warnings;
+  /**
+   * The file's name in the directory given as its argument (NUL-terminated; "" when the
+   * argument is the file itself): its path is that argument, a `/`, and this name.
+   */
+  char file_name[256];
 } MemtraceMergeInputReport;
 
 /**
@@ -277,12 +282,14 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * Merge `n_inputs` traces (files, or directories whose `*.ctf` files are taken in name order,
- * but `output` when it is an earlier merge; a file named twice is merged once, with a
- * warning) into `output`, written to a temporary file (of no name, where the file system
- * has them) beside it and put in its place at the end: on failure, even a killed process's,
- * no output is left behind. Blocks until done; safe to call from several threads at once (on
- * different outputs) and in a forked child.
+ * Merge `n_inputs` traces (files, pipes, or directories whose `*.ctf` files are taken in name
+ * order, but `output` when it is an earlier merge; a file named twice, or a trace another
+ * input holds, is merged once, with a warning) into `output`, written to a temporary file
+ * (of no name, where the file system has them) beside it and put in its place at the end:
+ * on failure, even a killed process's, no output is left behind. A symbolic link's target
+ * is replaced; a device or FIFO is written through; an existing read-only file is refused.
+ * Blocks until done; safe to call from several threads at once (on different outputs) and
+ * in a forked child.
  *
  * - `inputs`: `n_inputs` non-empty NUL-terminated paths (any bytes: paths need not be UTF-8).
  * - `output`: the path to write; must not be one of the inputs.

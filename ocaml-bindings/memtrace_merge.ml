@@ -24,6 +24,7 @@ let () =
 
 type input_report = {
   input : string;
+  file : string;
   pid : int;
   format : int;
   sample_rate : float;
@@ -72,8 +73,9 @@ type c_options = {
   c_capacity : int;  (* room for this many per-input reports *)
 }
 
-(* (first warning or "", totals, per input: (arg index :: integer fields, (rate, keep))) *)
-type raw_report = string * int array * (int array * (float * float)) array
+(* (first warning or "", totals, per input: (arg index :: integer fields, (rate, keep), file
+   name in its directory argument or "")) *)
+type raw_report = string * int array * (int array * (float * float) * string) array
 
 external merge_raw : string array -> string -> c_options -> raw_report
   = "memtrace_merge_ml"
@@ -115,10 +117,12 @@ let merge ?format ?(on_rate_mismatch = `Thin) ?(seed = 0) ?(tag_processes = fals
     }
   in
   let warning, t, per = merge_raw inputs output options in
-  let input_report (ints, (sample_rate, keep_fraction)) : input_report =
+  let input_report (ints, (sample_rate, keep_fraction), name) : input_report =
     let i k = ints.(k) in
+    let input = if i 0 >= 0 && i 0 < Array.length inputs then inputs.(i 0) else "" in
     {
-      input = (if i 0 >= 0 && i 0 < Array.length inputs then inputs.(i 0) else "");
+      input;
+      file = (if name = "" then input else Filename.concat input name);
       pid = i 1;
       format = i 2;
       skipped = i 3 <> 0;
@@ -165,7 +169,7 @@ let summary (r : report) =
   List.iter
     (fun (i : input_report) ->
       Printf.bprintf b "  %s: pid %d, format %d, rate %g, %d/%d allocations kept%s\n"
-        i.input i.pid i.format i.sample_rate i.allocs_written i.allocs
+        i.file i.pid i.format i.sample_rate i.allocs_written i.allocs
         (if i.skipped then " (skipped)" else ""))
     r.inputs;
   Option.iter (fun w -> Printf.bprintf b "first warning: %s\n" w) r.first_warning;

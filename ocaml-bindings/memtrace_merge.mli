@@ -55,6 +55,8 @@ type input_report = {
   input : string;
       (** The argument of {!merge} this file came from: the file itself, or the directory
           holding it. [""] in the unlikely case it could not be told. *)
+  file : string;
+      (** The file this report is about: [input] itself, or a file of that directory. *)
   pid : int;  (** The traced process's pid. *)
   format : int;  (** The input's format version (1, 2 or 3). *)
   sample_rate : float;  (** The input's sampling rate. *)
@@ -122,8 +124,13 @@ val merge :
     ([output] left out when it is an earlier merge, known by the context a merge gives it:
     a directory can be merged into a file of its own again and again).
     A file named twice (a directory and a file in it, a link) is merged once, with a
-    warning. Paths are byte strings: they need not be UTF-8.
-    @param output the trace to write; replaced if it exists; must not be one of [inputs].
+    warning; so is a trace that another input holds (a copy of it: the same pid, start time
+    and first packet; an earlier merge of the same traces, or one that records it). A pipe
+    or FIFO ([/dev/fd/N]) is read once, before the merge. Paths are byte strings: they need
+    not be UTF-8.
+    @param output the trace to write; replaced if it exists (a symbolic link's target; a
+    device or FIFO is written through), unless it is read-only; must not be one of
+    [inputs].
     @param format output format version: [`V2] (memtrace up to 0.2, OCaml 4) or [`V3]
     (OCaml 5, with domains). Default: [`V2] when every input is format 1 or 2, else [`V3].
     @param on_rate_mismatch what to do when inputs were sampled at different rates:

@@ -92,7 +92,7 @@ static value val_u64(uint64_t x) { return Val_long((intnat)x); }
 value memtrace_merge_ml(value v_inputs, value v_output, value v_options) {
   CAMLparam3(v_inputs, v_output, v_options);
   CAMLlocal5(result, totals, per, ints, floats);
-  CAMLlocal4(pair, warning, rate, keep);
+  CAMLlocal5(pair, warning, rate, keep, name);
   int bad = 0;
 
   struct call *c = calloc(1, sizeof *c);
@@ -167,9 +167,11 @@ value memtrace_merge_ml(value v_inputs, value v_output, value v_options) {
     floats = caml_alloc_tuple(2);
     Store_field(floats, 0, rate);
     Store_field(floats, 1, keep);
-    pair = caml_alloc_tuple(2);
+    name = caml_copy_string(p->file_name);
+    pair = caml_alloc_tuple(3);
     Store_field(pair, 0, ints);
     Store_field(pair, 1, floats);
+    Store_field(pair, 2, name);
     Store_field(per, i, pair);
   }
   free_call(c);

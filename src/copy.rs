@@ -475,13 +475,21 @@ pub fn copy_file(
     output: &std::path::Path,
     version: Option<u16>,
 ) -> Result<Vec<String>> {
-    if crate::merge::same_file(input, output) {
+    let target = crate::fs::resolve_output(output, false)?;
+    if target.is(input) {
         return Err(Error::Usage(format!(
             "output {} is the input; refusing to overwrite it",
             output.display()
         )));
     }
-    let mut r = Reader::open(input)?;
+    // (a pipe is read once into a spool: a copy may read it again, a domain at a time)
+    let spooled = crate::spool::needs_spool(input)
+        .then(|| crate::spool::spool(input, &crate::merge::INTERRUPT))
+        .transpose()?;
+    let name = input;
+    let input = spooled.as_ref().map_or(input, |s| s.path.as_path());
+    let f = std::fs::File::open(input).map_err(|e| Error::io(name, "open", e))?;
+    let mut r = Reader::new(f, &name.display().to_string())?;
     let version = version.unwrap_or(r.info().version.max(2));
     if version < 3 && r.info().version >= 3 && crate::reader::scan_domains(input)?.len() > 1 {
         let opts = crate::merge::MergeOptions {
@@ -492,7 +500,7 @@ pub fn copy_file(
         let report = crate::merge::merge(&[input.to_path_buf()], output, &opts)?;
         return Ok(report.inputs.into_iter().flat_map(|i| i.warnings).collect());
     }
-    let (tmp, f) = crate::merge::TempOutput::create(output)?;
+    let (tmp, f) = target.create()?;
     let out = std::io::BufWriter::with_capacity(1 << 20, f);
     let opts = WriterOptions {
         version,

@@ -225,7 +225,10 @@ impl Encoder {
 /// What to read: an input's file, and the domain (format 3) of this stream.
 pub(crate) struct StreamSpec {
     pub input: usize,
+    /// What to open (the input, or its spool).
     pub path: PathBuf,
+    /// What messages call it.
+    pub name: PathBuf,
     pub domain: Option<u16>,
     /// The file's size: streams are shared out among the threads by it.
     pub size: u64,
@@ -252,8 +255,10 @@ impl StreamSpec {
 }
 
 /// What the decoder learned about each input.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub(crate) struct DecodeReport {
+    /// The input could not be opened again for a stream (removed since): the merge fails.
+    pub reopen_failed: Option<crate::error::Error>,
     pub warnings: Warnings,
     pub skipped_packets: u64,
     /// Packets after the info packet (read or skipped).
@@ -618,7 +623,8 @@ impl Decoder {
     /// the message).
     pub fn finish(mut self) -> Result<Vec<DecodeReport>, String> {
         self.stop();
-        let mut reports = vec![DecodeReport::default(); self.ninputs];
+        let mut reports: Vec<DecodeReport> =
+            (0..self.ninputs).map(|_| DecodeReport::default()).collect();
         let mut failed = None;
         for h in self.handles.iter_mut() {
             let Some(h) = h.take() else { continue };
@@ -629,6 +635,9 @@ impl Decoder {
                         into.skipped_packets += r.skipped_packets;
                         into.packets += r.packets;
                         into.stopped_at_error |= r.stopped_at_error;
+                        if into.reopen_failed.is_none() {
+                            into.reopen_failed = r.reopen_failed;
+                        }
                         for w in r.warnings.list {
                             into.warnings.push(w);
                         }
@@ -767,8 +776,8 @@ fn decode_all(
         let mut rep = DecodeReport::default();
         let reader = pool
             .open(&s.path)
-            .map_err(|e| crate::error::Error::io(&s.path, "open", e))
-            .and_then(|f| Reader::new(f, &s.path.display().to_string()));
+            .map_err(|e| crate::error::Error::io(&s.name, "open", e))
+            .and_then(|f| Reader::new(f, &s.name.display().to_string()));
         let reader = match reader {
             Ok(mut r) => {
                 r.set_domain_filter(s.domain);
@@ -776,7 +785,7 @@ fn decode_all(
                 Some(r)
             }
             Err(e) => {
-                rep.warnings.push(format!("could not be read again: {e}"));
+                rep.reopen_failed = Some(e);
                 None
             }
         };

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 /// [`merge::INTERRUPT`], which the merge polls; it then removes its temporary file and
 /// returns an error, so nothing is left at the output path. For the command line (a
 /// library must not take over its host's signals).
+/// Whatever it is blocked on (a FIFO with no writer yet, a full pipe), a merge not stopped
+/// [`INTERRUPT_GRACE`] after the signal is ended by a watchdog thread: it removes the
+/// process's named temporary files and exits with status 130.
 pub fn install_interrupt_handler() {
     extern "C" fn on_signal(_: c_int) {
         merge::INTERRUPT.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -23,6 +26,30 @@ pub fn install_interrupt_handler() {
         libc::signal(libc::SIGINT, handler as libc::sighandler_t);
         libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
     }
+    std::thread::spawn(|| loop {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(INTERRUPT_GRACE);
+            crate::fs::remove_pending_temporaries();
+            if first_to_report_interrupt() {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "memtrace-merge: interrupted; no output written"
+                );
+            }
+            std::process::exit(130);
+        }
+    });
+}
+
+/// How long an interrupted merge has to stop by itself.
+pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// True for the first caller only: who says that the merge was interrupted.
+pub fn first_to_report_interrupt() -> bool {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    !SAID.swap(true, std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Make a write past the file size limit (`ulimit -f`) fail with an error (EFBIG) that the
@@ -43,6 +70,26 @@ pub fn default_broken_pipe_signal() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// A file of no name in memory (Linux `memfd_create`).
+pub(crate) fn memory_file(name: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    let name = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: name is NUL-terminated; a descriptor returned is fresh and owned by the File.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor that nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// The path that opens `f` again, with an offset of its own (Linux `/proc/self/fd/N`).
+pub(crate) fn reopen_path(f: &std::fs::File) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
 /// A path as the system takes it (no NUL inside).
@@ -270,7 +317,7 @@ pub struct MemtraceMergeOptions {
 
 /// What happened to one input (one file: a directory argument gives one per `*.ctf` file).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MemtraceMergeInputReport {
     /// Index in `inputs` of the argument this file came from, or `MEMTRACE_MERGE_UNKNOWN_ARG`.
     pub arg_index: usize,
@@ -304,6 +351,42 @@ pub struct MemtraceMergeInputReport {
     pub remapped_codes: u64,
     /// Number of warnings about this input.
     pub warnings: u64,
+    /// The file's name in the directory given as its argument (NUL-terminated; "" when the
+    /// argument is the file itself): its path is that argument, a `/`, and this name.
+    pub file_name: [c_char; 256],
+}
+
+impl Default for MemtraceMergeInputReport {
+    fn default() -> Self {
+        MemtraceMergeInputReport {
+            arg_index: 0,
+            pid: 0,
+            format: 0,
+            skipped: 0,
+            sample_rate: 0.0,
+            keep_fraction: 0.0,
+            events: 0,
+            allocs: 0,
+            promotes: 0,
+            collects: 0,
+            allocs_written: 0,
+            samples_read: 0,
+            samples_written: 0,
+            skipped_packets: 0,
+            remapped_codes: 0,
+            warnings: 0,
+            file_name: [0; 256],
+        }
+    }
+}
+
+/// `name` as a NUL-terminated C string of at most 255 bytes.
+fn c_name(name: &[u8]) -> [c_char; 256] {
+    let mut out = [0 as c_char; 256];
+    for (o, &b) in out.iter_mut().zip(name.iter().take(255)) {
+        *o = b as c_char;
+    }
+    out
 }
 
 /// What a merge did: totals, and optionally one `MemtraceMergeInputReport` per input in an
@@ -351,12 +434,14 @@ pub struct MemtraceMergeReport {
     pub skipped_packets: u64,
 }
 
-/// Merge `n_inputs` traces (files, or directories whose `*.ctf` files are taken in name order,
-/// but `output` when it is an earlier merge; a file named twice is merged once, with a
-/// warning) into `output`, written to a temporary file (of no name, where the file system
-/// has them) beside it and put in its place at the end: on failure, even a killed process's,
-/// no output is left behind. Blocks until done; safe to call from several threads at once (on
-/// different outputs) and in a forked child.
+/// Merge `n_inputs` traces (files, pipes, or directories whose `*.ctf` files are taken in name
+/// order, but `output` when it is an earlier merge; a file named twice, or a trace another
+/// input holds, is merged once, with a warning) into `output`, written to a temporary file
+/// (of no name, where the file system has them) beside it and put in its place at the end:
+/// on failure, even a killed process's, no output is left behind. A symbolic link's target
+/// is replaced; a device or FIFO is written through; an existing read-only file is refused.
+/// Blocks until done; safe to call from several threads at once (on different outputs) and
+/// in a forked child.
 ///
 /// - `inputs`: `n_inputs` non-empty NUL-terminated paths (any bytes: paths need not be UTF-8).
 /// - `output`: the path to write; must not be one of the inputs.
@@ -745,6 +830,13 @@ fn input_reports(r: &MergeReport, args: &[PathBuf]) -> Vec<MemtraceMergeInputRep
             skipped_packets: i.skipped_packets,
             remapped_codes: i.remapped_codes,
             warnings: i.warnings.len() as u64,
+            file_name: match args.get(i.arg) {
+                Some(a) if *a != i.path => {
+                    use std::os::unix::ffi::OsStrExt;
+                    c_name(i.path.file_name().map_or(&[][..], |n| n.as_bytes()))
+                }
+                _ => [0; 256],
+            },
         })
         .collect()
 }

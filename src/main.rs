@@ -39,7 +39,8 @@ enum Cmd {
     },
     /// Merge traces (files or directories of .ctf files) into one trace
     Merge {
-        /// The merged trace to write (never one of the inputs)
+        /// The merged trace to write (never one of the inputs); `-` for stdout; a device or
+        /// FIFO is written through, a symbolic link's target replaced
         #[arg(short, long)]
         output: PathBuf,
         /// Output format: 2 (memtrace <= 0.2, today's viewer) or 3 (OCaml 5 domains);
@@ -73,6 +74,13 @@ enum Cmd {
         /// Flush the output to disk before renaming it into place (survives a power loss)
         #[arg(long)]
         fsync: bool,
+        /// Replace an existing output even if it is read-only
+        #[arg(long)]
+        force: bool,
+        /// Merge a trace that another input already holds (a copy, the same earlier merge)
+        /// as many times as it is given, rather than once
+        #[arg(long)]
+        keep_duplicates: bool,
         /// Traces: files, or directories whose *.ctf files are taken in name order (but the
         /// output when it is an earlier merge); a file named twice is merged once
         #[arg(required = true)]
@@ -186,6 +194,8 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             quiet,
             no_warnings,
             fsync,
+            force,
+            keep_duplicates,
             inputs,
         } => {
             let opts = memtrace_merge::merge::MergeOptions {
@@ -201,6 +211,8 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 context: context.map(String::into_bytes),
                 progress: !quiet,
                 fsync,
+                force,
+                keep_duplicates,
                 decode_threads: None,
                 encode_ahead: None,
             };
@@ -210,9 +222,11 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             if report.is_err()
                 && memtrace_merge::merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)
             {
-                say(format_args!(
-                    "memtrace-merge: interrupted; no output written"
-                ));
+                if memtrace_merge::ffi::first_to_report_interrupt() {
+                    say(format_args!(
+                        "memtrace-merge: interrupted; no output written"
+                    ));
+                }
                 return Ok(ExitCode::from(130));
             }
             let report = report?;
@@ -269,6 +283,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             output,
             format,
         } => {
+            memtrace_merge::ffi::install_interrupt_handler();
             memtrace_merge::ffi::ignore_file_size_signal();
             let warnings = memtrace_merge::copy::copy_file(&input, &output, format)?;
             for w in warnings {

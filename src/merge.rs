@@ -19,12 +19,13 @@ use crate::decode::{
 };
 use crate::error::{Error, Result};
 use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
+use crate::fs::{file_id, resolve_output, Target};
 use crate::info::TraceInfo;
 use crate::live::LiveObjects;
 use crate::location::{IntMap, Location};
 use crate::output::OutputFile;
 use crate::placement::Placement;
-use crate::reader::{scan_packets, PacketScan, Reader};
+use crate::reader::{scan_packets_as, PacketScan, Reader};
 use crate::share::ShareOf;
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
@@ -135,6 +136,11 @@ pub struct MergeOptions {
     pub context: Option<Vec<u8>>,
     /// Print a progress line on stderr (when it is a terminal) for long merges.
     pub progress: bool,
+    /// Replace an existing output that is read-only (refused otherwise).
+    pub force: bool,
+    /// Merge every input, even one that holds what another holds (a copy of a trace, or
+    /// an earlier merge of the same traces), which is otherwise merged once.
+    pub keep_duplicates: bool,
     /// Flush the output to disk before renaming it into place, so that it survives a power
     /// loss (a few milliseconds). Without it the output is still never seen half-written.
     pub fsync: bool,
@@ -204,13 +210,17 @@ pub struct MergeReport {
     pub warnings: u64,
     /// Whether backtraces were encoded ahead ([`MergeOptions::encode_ahead`]).
     pub encoded_ahead: bool,
+    /// Warnings about the arguments rather than one input: entries of a directory left out
+    /// (a symbolic link to nothing, a directory or a FIFO named `*.ctf`).
+    pub argument_warnings: Vec<String>,
 }
 
 /// The sources of the merged trace `merged`, as [`merge`] takes its inputs: directories
 /// expanded into their `*.ctf` files (sorted by name) but for `merged` itself, files kept as
 /// given, and each file once.
 pub fn expand_inputs(inputs: &[PathBuf], merged: &Path) -> Result<Vec<PathBuf>> {
-    let (paths, args) = expand_inputs_from(inputs, merged, true)?
+    let (paths, args) = expand_inputs_from(inputs, merged, true, None)?
+        .0
         .into_iter()
         .unzip();
     Ok(drop_repeats(paths, args).0)
@@ -218,6 +228,9 @@ pub fn expand_inputs(inputs: &[PathBuf], merged: &Path) -> Result<Vec<PathBuf>> 
 
 /// The context an output of several inputs gets, unless one is given ([`describe_merge`]).
 const MERGE_CONTEXT: &str = "memtrace-merge of ";
+
+/// Input files with the index of their argument, and warnings about directory entries.
+type Expanded = (Vec<(PathBuf, usize)>, Vec<String>);
 
 /// Directories expanded into their `*.ctf` files, sorted by name, each file with the index
 /// of the argument it came from (files named twice are still there). `output` is left out
@@ -228,24 +241,52 @@ fn expand_inputs_from(
     inputs: &[PathBuf],
     output: &Path,
     always: bool,
-) -> Result<Vec<(PathBuf, usize)>> {
+    own_context: Option<&[u8]>,
+) -> Result<Expanded> {
     let output = file_id(output);
-    let left_out = |q: &Path| {
-        output.is_some()
-            && file_id(q) == output
-            && (always || Reader::open(q).is_ok_and(|r| merge_context(r.info()).is_some()))
+    // (an earlier merge: by the context a merge gives, or the one given to this merge)
+    let earlier_merge = |q: &Path| {
+        Reader::open(q).is_ok_and(|r| {
+            merge_context(r.info()).is_some()
+                || own_context.is_some_and(|c| r.info().context.as_deref() == Some(c))
+        })
     };
+    let left_out =
+        |q: &Path| output.is_some() && file_id(q) == output && (always || earlier_merge(q));
     let mut out = Vec::new();
+    let mut warnings = Vec::new();
     for (arg, p) in inputs.iter().enumerate() {
         if p.as_os_str().is_empty() {
             return Err(Error::Usage("empty input path".into()));
         }
         if p.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| Error::io(p, "read directory", e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|q| q.extension().is_some_and(|x| x == "ctf") && q.is_file())
-                .collect();
+            let mut v: Vec<PathBuf> = Vec::new();
+            let entries = std::fs::read_dir(p).map_err(|e| Error::io(p, "read directory", e))?;
+            for q in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+                if q.extension().is_none_or(|x| x != "ctf") {
+                    continue;
+                }
+                match std::fs::metadata(&q) {
+                    Ok(m) if m.is_file() => v.push(q),
+                    Ok(m) if m.is_dir() => warnings.push(format!(
+                        "{}: a directory, not a trace: left out",
+                        q.display()
+                    )),
+                    Ok(_) => warnings.push(format!(
+                        "{}: not a regular file (name it on its own to read it): left out",
+                        q.display()
+                    )),
+                    Err(e) => warnings.push(format!(
+                        "{}: {}: left out",
+                        q.display(),
+                        if std::fs::symlink_metadata(&q).is_ok() {
+                            "a symbolic link to nothing".to_string()
+                        } else {
+                            e.to_string()
+                        }
+                    )),
+                }
+            }
             // (merging a directory into a file of it again: the earlier output is no input)
             let all = v.len();
             v.retain(|q| !left_out(q));
@@ -262,16 +303,8 @@ fn expand_inputs_from(
             out.push((p.clone(), arg));
         }
     }
-    Ok(out)
-}
-
-/// What tells a file from another: its device and inode, and (where a file system's inode
-/// numbers are not to be trusted, as some FUSE ones) its size and time of change. None for
-/// a file that cannot be found.
-fn file_id(p: &Path) -> Option<(u64, u64, u64, i64, i64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(p).ok()?;
-    Some((m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
+    warnings.sort();
+    Ok((out, warnings))
 }
 
 /// `paths` (with their arguments) each file once: a file named again (however spelled: a
@@ -280,7 +313,7 @@ fn file_id(p: &Path) -> Option<(u64, u64, u64, i64, i64)> {
 fn drop_repeats(
     paths: Vec<PathBuf>,
     args: Vec<usize>,
-) -> (Vec<PathBuf>, Vec<usize>, Vec<(usize, PathBuf)>) {
+) -> (Vec<PathBuf>, Vec<usize>, Vec<(usize, String)>) {
     // (each file's index among those kept)
     let mut seen = std::collections::HashMap::with_capacity(paths.len());
     let (mut kept, mut kept_args, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
@@ -288,7 +321,7 @@ fn drop_repeats(
         // (a file that cannot be read is kept: opening it says what is wrong)
         if let Some(id) = file_id(&p) {
             if let Some(&k) = seen.get(&id) {
-                repeats.push((k, p));
+                repeats.push((k, format!("given again as {}: merged once", p.display())));
                 continue;
             }
             seen.insert(id, kept.len());
@@ -297,199 +330,6 @@ fn drop_repeats(
         kept_args.push(a);
     }
     (kept, kept_args, repeats)
-}
-
-/// The canonical form of a path that may not exist yet (its directory must).
-fn canonical_maybe_new(p: &Path) -> Option<PathBuf> {
-    if let Ok(c) = p.canonicalize() {
-        return Some(c);
-    }
-    let name = p.file_name()?;
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    Some(dir.canonicalize().ok()?.join(name))
-}
-
-pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => match (canonical_maybe_new(a), canonical_maybe_new(b)) {
-            (Some(x), Some(y)) => x == y,
-            _ => false,
-        },
-    }
-}
-
-/// The output file under construction: an unnamed file in the target's directory (Linux
-/// `O_TMPFILE`), named only once finished, so that even a killed merge leaves nothing; or,
-/// where the file system has no unnamed files, a temporary beside the target, removed
-/// unless committed.
-pub(crate) struct TempOutput {
-    /// The temporary's name beside the target: from the start, or once given at the commit.
-    tmp: Option<PathBuf>,
-    dir: PathBuf,
-    /// the target's name, cut to fit in a temporary's
-    stem: String,
-    nanos: u32,
-    target: PathBuf,
-    committed: bool,
-}
-
-impl TempOutput {
-    pub(crate) fn create(target: &Path) -> Result<(TempOutput, File)> {
-        Self::create_as(target, true)
-    }
-
-    /// (`unnamed`: unless the file system has none; else always a temporary name)
-    fn create_as(target: &Path, unnamed: bool) -> Result<(TempOutput, File)> {
-        let name = target.file_name().ok_or_else(|| {
-            Error::Usage(format!("{}: output is not a file name", target.display()))
-        })?;
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        if target.is_dir() {
-            return Err(Error::Usage(format!(
-                "{}: output is a directory",
-                target.display()
-            )));
-        }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        // (the name's first 100 bytes or so: a file name holds at most 255)
-        let name = name.to_string_lossy();
-        let stem = name[..name.floor_char_boundary(100)].to_string();
-        let mut t = TempOutput {
-            tmp: None,
-            dir,
-            stem,
-            nanos,
-            target: target.to_path_buf(),
-            committed: false,
-        };
-        if let Some(f) = unnamed
-            .then(|| crate::ffi::create_unnamed(&t.dir))
-            .flatten()
-        {
-            return Ok((t, f));
-        }
-        let f = t.create_named()?;
-        Ok((t, f))
-    }
-
-    /// A new file of a temporary name beside the target (kept in `tmp`).
-    fn create_named(&mut self) -> Result<File> {
-        for attempt in 0..100u32 {
-            let tmp = self.temp_name(attempt);
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)
-            {
-                Ok(f) => {
-                    self.tmp = Some(tmp);
-                    return Ok(f);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                // (named as the caller gave it: the temporary's name is ours)
-                Err(e) => return Err(Error::io(&self.target, "create output", e)),
-            }
-        }
-        Err(self.names_taken())
-    }
-
-    fn temp_name(&self, attempt: u32) -> PathBuf {
-        self.dir.join(format!(
-            ".{}.tmp-{}-{}-{}",
-            self.stem,
-            std::process::id(),
-            self.nanos,
-            attempt
-        ))
-    }
-
-    fn names_taken(&self) -> Error {
-        Error::io(
-            &self.target,
-            "create a temporary file beside it",
-            std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
-        )
-    }
-
-    /// Give the finished unnamed file a temporary name beside the target (or, where it
-    /// cannot be linked, a copy of it).
-    fn name_unnamed(&mut self, f: &mut File, sync: bool) -> Result<()> {
-        for attempt in 0..100u32 {
-            let tmp = self.temp_name(attempt);
-            match crate::ffi::link_unnamed(f, &tmp) {
-                Ok(()) => {
-                    self.tmp = Some(tmp);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(_) => {
-                    use std::io::Seek;
-                    let mut copy = self.create_named()?;
-                    let at = self.tmp.clone().unwrap_or_default();
-                    f.rewind()
-                        .and_then(|_| std::io::copy(f, &mut copy))
-                        .and_then(|_| if sync { copy.sync_all() } else { Ok(()) })
-                        .map_err(|e| Error::io(&at, "copy output", e))?;
-                    return Ok(());
-                }
-            }
-        }
-        Err(self.names_taken())
-    }
-
-    /// Put the finished file at the target's path (after flushing it to disk if `sync`).
-    pub(crate) fn commit(mut self, mut f: File, sync: bool) -> Result<()> {
-        if sync {
-            f.sync_all()
-                .map_err(|e| Error::io(&self.target, "sync output", e))?;
-        }
-        let existing = std::fs::symlink_metadata(&self.target);
-        if self.tmp.is_none() {
-            // Nothing at the target: the file is given its name in one step (a link,
-            // which fails rather than replace what appeared there since).
-            if existing.is_err() && crate::ffi::link_unnamed(&f, &self.target).is_ok() {
-                self.committed = true;
-                return Ok(());
-            }
-            self.name_unnamed(&mut f, sync)?;
-        }
-        drop(f);
-        let tmp = self.tmp.clone().unwrap_or_default();
-        // An existing file is exchanged with the new one, then removed under the temporary
-        // name (renamed over, it would cost a write-out of the new file on ext4); anything
-        // else, or where exchanging fails, is renamed over.
-        if existing.is_ok_and(|m| m.is_file())
-            && crate::ffi::exchange_paths(&tmp, &self.target).is_ok()
-        {
-            self.committed = true;
-            // (the old output, which is not an input: that was refused before)
-            let _ = std::fs::remove_file(&tmp);
-            return Ok(());
-        }
-        std::fs::rename(&tmp, &self.target)
-            .map_err(|e| Error::io(&self.target, "rename output", e))?;
-        self.committed = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempOutput {
-    fn drop(&mut self) {
-        if let (false, Some(tmp)) = (self.committed, &self.tmp) {
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
 }
 
 /// One stream being merged (an input, or one domain of a format-3 input), as decoded
@@ -685,6 +525,12 @@ fn warn_input(st: &mut InputState, msg: String) {
     st.warnings.push(msg);
 }
 
+/// A reader of `source`, which messages name `name` (a spooled pipe by its own name).
+fn open_as(source: &Path, name: &Path) -> Result<Reader<File>> {
+    let f = File::open(source).map_err(|e| Error::io(name, "open", e))?;
+    Reader::new(f, &name.display().to_string())
+}
+
 /// The executable's file name (without its directory).
 fn exe_name(i: &TraceInfo) -> String {
     let exe = String::from_utf8_lossy(&i.executable_name);
@@ -703,6 +549,8 @@ struct Opened {
     path: PathBuf,
     info: TraceInfo,
     domains: Vec<u16>,
+    /// What to open: `path`, or its spool ([`Prepared::sources`]).
+    source: PathBuf,
     /// Allocations its packet headers claim (u64::MAX: not counted).
     alloc_ids: u64,
 }
@@ -716,7 +564,7 @@ fn merged_rate(opened: &mut [Opened]) -> Result<f64> {
         return Ok(rate(&opened[0]));
     }
     for o in opened.iter_mut().filter(|o| o.alloc_ids == u64::MAX) {
-        o.alloc_ids = scan_packets(&o.path, true)?.alloc_ids;
+        o.alloc_ids = scan_packets_as(&o.source, &o.path, true)?.alloc_ids;
     }
     let slowest = |any: bool| {
         (opened.iter())
@@ -779,13 +627,27 @@ fn merge_context(info: &TraceInfo) -> Option<&[u8]> {
 /// The pids of the traces an earlier merge holds, from the context it was given
 /// ([`describe_merge`]; none for another context).
 fn merged_pids(info: &TraceInfo) -> Vec<u64> {
+    merged_processes(info).into_iter().map(|p| p.0).collect()
+}
+
+/// The traces an earlier merge holds: pid and, where recorded (merges since 2026-12), start
+/// time, from the context it was given.
+fn merged_processes(info: &TraceInfo) -> Vec<(u64, Option<u64>)> {
     let Some(c) = merge_context(info) else {
         return Vec::new();
     };
     let c = String::from_utf8_lossy(c);
     c.split("(pid ")
         .skip(1)
-        .filter_map(|rest| rest.split(',').next()?.parse().ok())
+        .filter_map(|rest| {
+            let mut fields = rest.split(", ");
+            let pid = fields.next()?.parse().ok()?;
+            let start = fields
+                .next()
+                .and_then(|f| f.strip_prefix("started "))
+                .and_then(|t| t.parse().ok());
+            Some((pid, start))
+        })
         .collect()
 }
 
@@ -797,9 +659,10 @@ fn describe_merge(opened: &[Opened]) -> Vec<u8> {
     } in opened
     {
         s.push_str(&format!(
-            " {} (pid {}, {}, rate {}{});",
+            " {} (pid {}, started {}, {}, rate {}{});",
             file_name(p),
             i.pid,
+            i.start_time.0,
             exe_name(i),
             i.sample_rate,
             match &i.context {
@@ -832,9 +695,14 @@ fn merge_with(
     opts: &MergeOptions,
     hooks: Hooks,
 ) -> Result<MergeReport> {
+    let prepared = prepare_inputs(inputs, output, opts)?;
     let mut opts = opts.clone();
+    // (written through, an output cannot be made again: no attempt may need another)
+    if !matches!(prepared.target, Target::File(_)) {
+        opts.encode_ahead = Some(false);
+    }
     loop {
-        match merge_attempt(inputs, output, &opts, hooks)? {
+        match merge_attempt(&prepared, output, &opts, hooks)? {
             Some(report) => return Ok(report),
             // A backtrace too deep for its share: again without encoding ahead (everything
             // of the first attempt gone, its temporary file too), which cannot need this.
@@ -843,13 +711,147 @@ fn merge_with(
     }
 }
 
-/// [`merge_with`], once: None when a backtrace did not fit its share of the cache.
-fn merge_attempt(
-    inputs: &[PathBuf],
-    output: &Path,
-    opts: &MergeOptions,
-    hooks: Hooks,
-) -> Result<Option<MergeReport>> {
+/// What tells one traced process's trace from another's: an earlier merge by the inputs its
+/// context records, any other trace by its info packet and first packet (a copy of a trace
+/// is the same bytes; another run, even of the same pid, starts at another time).
+#[derive(Hash, PartialEq, Eq)]
+enum Process {
+    Merge(Vec<u8>),
+    Trace(u64),
+}
+
+/// A trace an earlier merge records: pid, and start time where recorded.
+type Recorded = (u64, Option<u64>);
+
+/// The [`Process`] of the trace at `source`, with its pid and start time and, for an
+/// earlier merge, the processes it records; None when it cannot be read.
+fn process_of(source: &Path) -> Option<(Process, (u64, u64), Vec<Recorded>)> {
+    use std::hash::{Hash, Hasher};
+    use std::io::Read;
+    let r = Reader::open(source).ok()?;
+    let me = (r.info().pid, r.info().start_time.0);
+    if let Some(c) = merge_context(r.info()) {
+        return Some((Process::Merge(c.to_vec()), me, merged_processes(r.info())));
+    }
+    // (the first two packets' bytes: each header gives its size in bits)
+    let mut f = File::open(source).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for _ in 0..2 {
+        let mut hdr = [0u8; 8];
+        if f.read_exact(&mut hdr).is_err() {
+            break;
+        }
+        let size = (u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) / 8) as usize;
+        let mut body = vec![0u8; size.saturating_sub(8).min(1 << 22)];
+        let n = f.read(&mut body).ok()?;
+        (hdr, &body[..n]).hash(&mut h);
+    }
+    Some((Process::Trace(h.finish()), me, Vec::new()))
+}
+
+/// Leave out the inputs that hold what another one holds ([`Process`]): a repeat of an
+/// earlier input, or a trace that an earlier merge given too records (the same pid and
+/// start time), each named in `repeats` against the one kept.
+fn drop_same_processes(
+    paths: Vec<PathBuf>,
+    sources: Vec<PathBuf>,
+    args: Vec<usize>,
+    repeats: &mut Vec<(usize, String)>,
+) -> (Vec<PathBuf>, Vec<PathBuf>, Vec<usize>) {
+    use std::collections::hash_map::Entry;
+    let who: Vec<_> = sources.iter().map(|s| process_of(s)).collect();
+    // (pid, start time) -> the earlier merge that holds it
+    let mut held = std::collections::HashMap::new();
+    for (k, w) in who.iter().enumerate() {
+        for &(pid, start) in w.iter().flat_map(|w| &w.2) {
+            if let Some(start) = start {
+                held.entry((pid, start)).or_insert(k);
+            }
+        }
+    }
+    let mut seen = std::collections::HashMap::with_capacity(paths.len());
+    // (each input's index among those kept)
+    let mut index = vec![usize::MAX; paths.len()];
+    let mut keep = vec![true; paths.len()];
+    for (k, w) in who.into_iter().enumerate() {
+        let Some((process, me, _)) = w else {
+            index[k] = k;
+            continue;
+        };
+        let what = match process {
+            Process::Merge(_) => "an earlier merge of the same traces",
+            Process::Trace(_) => {
+                "a trace of the same process (the same pid, start time and first packet)"
+            }
+        };
+        match seen.entry(process) {
+            Entry::Occupied(e) => {
+                keep[k] = false;
+                let note = format!(
+                    "{} is {what}: merged once (--keep-duplicates merges both)",
+                    paths[k].display()
+                );
+                repeats.push((*e.get(), note));
+            }
+            Entry::Vacant(e) => {
+                e.insert(k);
+                if let Some(&m) = held.get(&me).filter(|&&m| m != k) {
+                    keep[k] = false;
+                    let note = format!(
+                        "holds {} (pid {}, the same start time): that trace is left out, so \
+                         that its allocations appear once (--keep-duplicates merges both)",
+                        paths[k].display(),
+                        me.0
+                    );
+                    repeats.push((m, note));
+                }
+            }
+        }
+    }
+    // (the repeats' indices, from among all inputs to among those kept)
+    let mut n = 0;
+    for k in 0..paths.len() {
+        if keep[k] {
+            index[k] = n;
+            n += 1;
+        }
+    }
+    for r in repeats.iter_mut() {
+        r.0 = index[r.0];
+    }
+    let (mut p2, mut s2, mut a2) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, ((p, src), a)) in paths.into_iter().zip(sources).zip(args).enumerate() {
+        if keep[k] {
+            p2.push(p);
+            s2.push(src);
+            a2.push(a);
+        }
+    }
+    (p2, s2, a2)
+}
+
+/// A merge's input files, found once for all its attempts.
+struct Prepared {
+    /// Each file once, as named (directories expanded).
+    paths: Vec<PathBuf>,
+    /// What to open for each: the file, or the spool of one that cannot be read twice.
+    sources: Vec<PathBuf>,
+    /// The argument each came from.
+    args: Vec<usize>,
+    /// Files named again, or holding what another holds: (index of the one kept, what the
+    /// warning on it says).
+    repeats: Vec<(usize, String)>,
+    /// Warnings about the arguments, not one input (directory entries left out).
+    arg_warnings: Vec<String>,
+    /// Where the output goes.
+    target: Target,
+    _spools: Vec<crate::spool::Spool>,
+}
+
+/// Check a merge's arguments, expand its directories, leave out files named twice and spool
+/// the inputs that cannot be read twice (pipes, FIFOs), each opened once, here, before
+/// anything else waits on it.
+fn prepare_inputs(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Result<Prepared> {
     if inputs.is_empty() {
         return Err(Error::Usage("no input traces".into()));
     }
@@ -869,30 +871,74 @@ fn merge_attempt(
             )));
         }
     }
-    let (paths, args): (Vec<PathBuf>, Vec<usize>) = expand_inputs_from(inputs, output, false)?
-        .into_iter()
-        .unzip();
+    // (where the output goes, and that it can go there, before any work)
+    let target = resolve_output(output, opts.force)?;
+    if let Target::File(_) = target {
+        drop(target.create()?);
+    }
+    let (found, arg_warnings) = expand_inputs_from(inputs, output, false, opts.context.as_deref())?;
+    let (paths, args): (Vec<PathBuf>, Vec<usize>) = found.into_iter().unzip();
     // A file given twice is merged once: its process's allocations appear once.
-    let (paths, args, repeats) = drop_repeats(paths, args);
+    let (paths, args, mut repeats) = drop_repeats(paths, args);
+    let mut sources = Vec::with_capacity(paths.len());
+    let mut spools = Vec::new();
     for p in &paths {
-        if same_file(p, output) {
+        if target.is(p) {
             return Err(Error::Usage(format!(
                 "output {} is one of the inputs ({}); refusing to overwrite it",
                 output.display(),
                 p.display()
             )));
         }
+        if crate::spool::needs_spool(p) {
+            let s = crate::spool::spool(p, &INTERRUPT)?;
+            sources.push(s.path.clone());
+            spools.push(s);
+            continue;
+        }
+        sources.push(p.clone());
     }
+    let (paths, sources, args) = if opts.keep_duplicates {
+        (paths, sources, args)
+    } else {
+        drop_same_processes(paths, sources, args, &mut repeats)
+    };
+    Ok(Prepared {
+        paths,
+        sources,
+        args,
+        repeats,
+        arg_warnings,
+        target,
+        _spools: spools,
+    })
+}
+
+/// [`merge_with`], once: None when a backtrace did not fit its share of the cache.
+fn merge_attempt(
+    prepared: &Prepared,
+    output: &Path,
+    opts: &MergeOptions,
+    hooks: Hooks,
+) -> Result<Option<MergeReport>> {
+    let Prepared {
+        paths,
+        sources,
+        args,
+        repeats,
+        ..
+    } = prepared;
     // Read every input's info packet and find its domains. Each entry keeps the index of
     // its path, so that reports come out in the order the inputs were given.
     let mut opened: Vec<Opened> = Vec::new();
     let mut skipped: Vec<(usize, InputReport)> = Vec::new();
     let mut first_bad = None;
     for (k, p) in paths.iter().enumerate() {
-        let res = Reader::open(p).and_then(|r| {
+        let src = &sources[k];
+        let res = open_as(src, p).and_then(|r| {
             let info = r.info().clone();
             let scan = if info.version >= 3 {
-                scan_packets(p, true)?
+                scan_packets_as(src, p, true)?
             } else {
                 PacketScan {
                     domains: vec![0],
@@ -905,6 +951,7 @@ fn merge_attempt(
             Ok((info, scan)) => opened.push(Opened {
                 index: k,
                 path: p.clone(),
+                source: src.clone(),
                 info,
                 domains: scan.domains,
                 alloc_ids: scan.alloc_ids,
@@ -1055,15 +1102,12 @@ fn merge_attempt(
             );
         }
         for (_, again) in repeats.iter().filter(|(at, _)| *at == o.index) {
-            warn_input(
-                &mut st,
-                format!("given again as {}: merged once", again.display()),
-            );
+            warn_input(&mut st, again.clone());
         }
         if opts.tag_processes {
             st.tag = Some(codes.fresh(Arc::from(vec![process_tag(p, i)])));
         }
-        let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let size = std::fs::metadata(&o.source).map(|m| m.len()).unwrap_or(0);
         for &d in &o.domains {
             let out_domain = if format < 3 {
                 DomainId(0)
@@ -1084,7 +1128,8 @@ fn merge_attempt(
             };
             specs.push(StreamSpec {
                 input: k,
-                path: p.clone(),
+                path: o.source.clone(),
+                name: p.clone(),
                 domain: if i.version >= 3 { Some(d) } else { None },
                 size,
                 share: None,
@@ -1173,7 +1218,7 @@ fn merge_attempt(
     let placement = Placement::new();
     let pipe = Decoder::start(specs, opened.len(), threads, hooks, placement.clone())
         .map_err(|e| Error::Internal(format!("cannot start the decoding threads: {e}")))?;
-    let (tmp, file) = TempOutput::create(output)?;
+    let (sink, file) = prepared.target.create()?;
     // The file is written on a thread of its own where a CPU is free for it (the merging
     // thread is the busiest), or where the decoding threads have time to spare: when the
     // merging thread encodes the backtraces itself, it is the busier side (in fork/ it
@@ -1231,13 +1276,17 @@ fn merge_attempt(
     if show_progress && started.elapsed() > Duration::from_secs(1) {
         let _ = writeln!(std::io::stderr());
     }
-    let decoded = pipe
+    let mut decoded = pipe
         .finish()
         .map_err(|m| Error::Internal(format!("a decoding thread panicked: {m}")))?;
     // A lone input of no packets but its info (a process killed before its first) is
     // copied as it is: without the empty packet a writer ends with.
     if single && decoded.iter().all(|d| d.packets == 0) {
         w.set_end_without_empty_packet();
+    }
+    // (an input gone since it was first opened: its streams read nothing)
+    if let Some(e) = decoded.iter_mut().find_map(|d| d.reopen_failed.take()) {
+        return Err(e);
     }
     for (st, d) in states.iter_mut().zip(decoded) {
         st.report.skipped_packets = d.skipped_packets;
@@ -1256,7 +1305,7 @@ fn merge_attempt(
     }
     let (out, wstats) = w.finish_with_stats()?;
     let file = out.finish().map_err(|e| Error::io(output, "write", e))?;
-    tmp.commit(file, opts.fsync)?;
+    sink.commit(file, opts.fsync)?;
 
     let info_rate = min_rate;
     let mut report = MergeReport {
@@ -1303,7 +1352,9 @@ fn merge_attempt(
     by_index.sort_by_key(|(k, _)| *k);
     let by_path: Vec<InputReport> = by_index.into_iter().map(|(_, r)| r).collect();
     report.remapped_codes = by_path.iter().map(|r| r.remapped_codes).sum();
-    report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum();
+    report.argument_warnings = prepared.arg_warnings.clone();
+    report.warnings = by_path.iter().map(|r| r.warnings.len() as u64).sum::<u64>()
+        + report.argument_warnings.len() as u64;
     report.inputs = by_path;
     Ok(Some(report))
 }
@@ -1613,6 +1664,9 @@ pub fn format_report(r: &MergeReport) -> String {
 /// Every warning of a merge, a line each, naming its input (the reader's name it already).
 pub fn format_warnings(r: &MergeReport) -> String {
     let mut s = String::new();
+    for w in &r.argument_warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
     for i in &r.inputs {
         let path = i.path.display().to_string();
         for w in &i.warnings {
@@ -1644,83 +1698,6 @@ mod tests {
             .iter()
             .map(|n| data(&format!("fork/{n}.ctf")))
             .collect()
-    }
-
-    /// A finished output takes the place of what is at its path: a file (by exchange,
-    /// which leaves the file's other hard links alone), a symbolic link (the link, not the
-    /// file it names), or nothing; no temporary is left, and the exchange swaps. The same
-    /// whether it was written unnamed (no name beside the target until the end), under a
-    /// temporary name (file systems without unnamed files), or unnamed where it cannot be
-    /// linked to the target (here another file system: it is copied).
-    #[test]
-    fn a_finished_output_replaces_what_was_there() {
-        for way in ["unnamed", "named", "elsewhere"] {
-            finished_output_replaces(way);
-        }
-    }
-
-    fn finished_output_replaces(way: &str) {
-        use std::io::Write;
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        if way != "named" && crate::ffi::create_unnamed(d).is_none() {
-            println!("no unnamed files in {}: {way} is not tested", d.display());
-            return;
-        }
-        let shm = Path::new("/dev/shm");
-        if way == "elsewhere"
-            && !shm
-                .metadata()
-                .is_ok_and(|m| m.dev() != d.metadata().unwrap().dev())
-        {
-            println!("no other file system at hand: the copy is not tested");
-            return;
-        }
-        let names = |d: &Path| -> Vec<String> {
-            let mut v: Vec<_> = std::fs::read_dir(d)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            v.sort();
-            v
-        };
-        let commit = |target: &Path, text: &[u8]| {
-            let before = names(d);
-            let (tmp, mut f) = TempOutput::create_as(target, way != "named").unwrap();
-            // (unnamed: nothing new in the directory while it is written)
-            assert_eq!(names(d) == before, way != "named", "{way}");
-            if way == "elsewhere" {
-                f = crate::ffi::create_unnamed(shm).unwrap();
-            }
-            f.write_all(text).unwrap();
-            tmp.commit(f, false).unwrap();
-        };
-        let (a, b) = (d.join("a"), d.join("b"));
-        std::fs::write(&a, b"old a").unwrap();
-        std::fs::write(&b, b"old b").unwrap();
-        #[cfg(target_os = "linux")]
-        {
-            crate::ffi::exchange_paths(&a, &b).unwrap();
-            assert_eq!(std::fs::read(&a).unwrap(), b"old b");
-            assert_eq!(std::fs::read(&b).unwrap(), b"old a");
-            assert!(crate::ffi::exchange_paths(&a, &d.join("none")).is_err());
-        }
-        // a file, and another name of it
-        std::fs::hard_link(&a, d.join("a2")).unwrap();
-        commit(&a, b"new a");
-        assert_eq!(std::fs::read(&a).unwrap(), b"new a");
-        assert_eq!(std::fs::read(d.join("a2")).unwrap(), b"old b");
-        // a symbolic link
-        std::os::unix::fs::symlink(&b, d.join("l")).unwrap();
-        commit(&d.join("l"), b"new l");
-        assert!(std::fs::symlink_metadata(d.join("l")).unwrap().is_file());
-        assert_eq!(std::fs::read(d.join("l")).unwrap(), b"new l");
-        assert_eq!(std::fs::read(&b).unwrap(), b"old a");
-        // nothing
-        commit(&d.join("c"), b"new c");
-        assert_eq!(std::fs::read(d.join("c")).unwrap(), b"new c");
-        assert_eq!(names(d), ["a", "a2", "b", "c", "l"], "{way}");
     }
 
     /// A trace of 4,000 allocations whose stacks repeat, in codes 1000.. that mean
@@ -1862,6 +1839,7 @@ mod tests {
                     info: crate::writer::tests::info(2),
                     domains: vec![0],
                     alloc_ids: 0,
+                    source: PathBuf::new(),
                 })
                 .collect();
             let d = String::from_utf8(describe_merge(&opened)).unwrap();

@@ -935,9 +935,14 @@ pub struct PacketScan {
 /// Scan a trace's packet headers: its domains and, with `count_allocs` (or in format 3),
 /// its allocations. Stops quietly at the first damaged header.
 pub fn scan_packets(path: &Path, count_allocs: bool) -> Result<PacketScan> {
+    scan_packets_as(path, path, count_allocs)
+}
+
+/// [`scan_packets`] of `path`, which messages name `name`.
+pub(crate) fn scan_packets_as(path: &Path, name: &Path, count_allocs: bool) -> Result<PacketScan> {
     use std::io::{Seek, SeekFrom};
-    let mut f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
+    let mut f = File::open(path).map_err(|e| Error::io(name, "open", e))?;
+    let len = f.metadata().map_err(|e| Error::io(name, "stat", e))?.len();
     let mut off = 0u64;
     let mut scan = PacketScan::default();
     let mut seen = vec![false; 1 << 16];
@@ -945,7 +950,7 @@ pub fn scan_packets(path: &Path, count_allocs: bool) -> Result<PacketScan> {
     let mut first = true;
     while off < len {
         f.seek(SeekFrom::Start(off))
-            .map_err(|e| Error::io(path, "seek", e))?;
+            .map_err(|e| Error::io(name, "seek", e))?;
         let n = (len - off).min(68) as usize;
         if f.read_exact(&mut hdr[..n]).is_err() {
             break;
@@ -974,7 +979,7 @@ pub fn scan_packets(path: &Path, count_allocs: bool) -> Result<PacketScan> {
             if scan.domains.len() > MAX_MERGE_DOMAINS {
                 return Err(Error::Incompatible(format!(
                     "{}: more than {MAX_MERGE_DOMAINS} domains with events (another one at byte {off}); merging so many domains of one trace is not supported",
-                    path.display()
+                    name.display()
                 )));
             }
         }

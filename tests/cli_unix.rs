@@ -106,12 +106,12 @@ fn a_full_stderr_does_not_stop_a_merge() {
     let d = dir.path();
     let o = sh(
         d,
-        "exec $M merge -o m.ctf \"$D/fork\" \"$D/truncated.ctf\" 2>/dev/full",
+        "exec $M merge -o m.ctf \"$D/fork/child-4.ctf\" \"$D/truncated.ctf\" 2>/dev/full",
     );
     no_panic(&o);
     assert_eq!(o.status.code(), Some(0));
     let c = compare(
-        &[data("fork"), data("truncated.ctf")],
+        &[data("fork/child-4.ctf"), data("truncated.ctf")],
         &d.join("m.ctf"),
         CompareOptions::default(),
     )
@@ -276,4 +276,280 @@ fn pid_0_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("pid 0 is not a process id"), "{e}");
     assert!(!dir.path().join("m.ctf").exists());
+}
+
+/// Every file left in `d`, sorted.
+fn listing(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn equal_to(out: &Path, sources: &[PathBuf]) {
+    let c = compare(sources, out, CompareOptions::default()).unwrap();
+    assert!(c.equal() && c.merged_allocs > 0, "{c:?}");
+}
+
+#[test]
+fn pipes_are_read_once_and_merged_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // (bash for <(...); a format-3 input of several domains is read a domain at a time)
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg("exec $M merge -q -o m.ctf <(cat \"$D/fork/parent.ctf\") \"$D/fork/child-1.ctf\" <(cat \"$D/v3/multidomain.ctf\")")
+        .env("M", bin())
+        .env("D", data(""))
+        .current_dir(d)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let sources = [
+        data("fork/parent.ctf"),
+        data("fork/child-1.ctf"),
+        data("v3/multidomain.ctf"),
+    ];
+    equal_to(&d.join("m.ctf"), &sources);
+    // /dev/stdin, and copy and info of a pipe
+    let o = sh(
+        d,
+        "cat \"$D/v3/multidomain.ctf\" | $M merge -q -o s.ctf /dev/stdin",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("s.ctf"), &[data("v3/multidomain.ctf")]);
+    let o = sh(
+        d,
+        "cat \"$D/v3/multidomain.ctf\" | $M copy --format 2 /dev/stdin c.ctf",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("c.ctf"), &[data("v3/multidomain.ctf")]);
+    let o = sh(d, "cat \"$D/fork/child-2.ctf\" | $M info /dev/stdin");
+    assert!(text(&o.stdout).contains("17,914"), "{}", text(&o.stdout));
+    // an empty pipe is an error naming it, not an empty trace
+    let o = sh(d, "true | $M merge -q -o e.ctf /dev/stdin");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("/dev/stdin: byte 0"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!d.join("e.ctf").exists());
+}
+
+#[test]
+fn a_signal_stops_a_merge_waiting_for_a_fifo_at_once() {
+    for sig in ["INT", "TERM"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let t0 = std::time::Instant::now();
+        // (the FIFO has no writer: the merge waits to open it until the signal)
+        let o = sh(
+            d,
+            &format!(
+                "mkfifo f.ctf; $M merge -o m.ctf \"$D/fork/child-1.ctf\" f.ctf & p=$!; \
+                 sleep 0.3; t=$(date +%s%N); kill -{sig} $p; wait $p; s=$?; \
+                 echo \"$s $(( ($(date +%s%N) - t) / 1000000 ))\""
+            ),
+        );
+        no_panic(&o);
+        let out = text(&o.stdout);
+        let (status, ms) = out.trim().split_once(' ').unwrap();
+        assert_eq!(status, "130", "{sig}: {out} {}", text(&o.stderr));
+        assert!(
+            ms.parse::<u64>().unwrap() < 1000,
+            "{sig}: stopped after {ms} ms"
+        );
+        assert!(t0.elapsed().as_secs() < 5);
+        assert_eq!(
+            text(&o.stderr),
+            "memtrace-merge: interrupted; no output written\n"
+        );
+        assert_eq!(listing(d), ["f.ctf"], "{sig}: left behind");
+    }
+    // and with a writer, the FIFO is merged
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let o = sh(
+        d,
+        "mkfifo f.ctf; (sleep 0.2; cat \"$D/fork/child-2.ctf\" > f.ctf) & \
+         exec timeout 10 $M merge -q -o m.ctf \"$D/fork/child-1.ctf\" f.ctf",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(
+        &d.join("m.ctf"),
+        &[data("fork/child-1.ctf"), data("fork/child-2.ctf")],
+    );
+}
+
+#[test]
+fn the_same_process_twice_is_merged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("t")).unwrap();
+    for n in ["parent", "child-1", "child-2", "child-3", "child-4"] {
+        std::fs::copy(data(&format!("fork/{n}.ctf")), d.join(format!("t/{n}.ctf"))).unwrap();
+    }
+    // a copy of a trace under another name
+    std::fs::copy(data("fork/child-1.ctf"), d.join("t/child-1-copy.ctf")).unwrap();
+    let o = sh(d, "exec $M merge -q -o m.ctf t");
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    equal_to(&d.join("m.ctf"), &[data("fork")]);
+    // (child-1-copy.ctf comes first in name order: it is kept)
+    assert!(
+        e.contains("warning: t/child-1-copy.ctf: t/child-1.ctf is a trace of the same process"),
+        "{e}"
+    );
+    // two earlier merges, and the traces they hold, in one directory
+    let o = sh(d, "$M merge -q -o t/merged.ctf t && cp t/merged.ctf t/merged-again.ctf && exec $M merge -q -o m2.ctf t");
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    let c = compare(
+        &[data("fork")],
+        &d.join("m2.ctf"),
+        CompareOptions::default(),
+    )
+    .unwrap();
+    assert!(c.equal() && c.merged_allocs == 231_910, "{c:?}\n{e}");
+    // (merged-again.ctf comes first in name order: it is kept, and holds the traces)
+    assert!(
+        e.contains("t/merged.ctf is an earlier merge of the same traces"),
+        "{e}"
+    );
+    assert!(
+        e.contains("t/merged-again.ctf: holds t/parent.ctf (pid 14495, the same start time)"),
+        "{e}"
+    );
+    // --keep-duplicates merges each as given
+    let o = sh(
+        d,
+        "exec $M merge -q --keep-duplicates -o m3.ctf t/child-1.ctf t/child-1-copy.ctf",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let r = memtrace_merge::check::check_file(d.join("m3.ctf"), &Default::default()).unwrap();
+    assert_eq!(r.counts().split_whitespace().next(), Some("allocs=16672"));
+}
+
+#[test]
+fn directory_entries_left_out_are_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("t")).unwrap();
+    std::fs::copy(data("fork/child-1.ctf"), d.join("t/a.ctf")).unwrap();
+    std::os::unix::fs::symlink("gone.ctf", d.join("t/dangling.ctf")).unwrap();
+    std::fs::create_dir(d.join("t/sub.ctf")).unwrap();
+    let o = sh(d, "exec $M merge -q -o m.ctf t");
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    assert!(
+        e.contains("warning: t/dangling.ctf: a symbolic link to nothing: left out"),
+        "{e}"
+    );
+    assert!(
+        e.contains("warning: t/sub.ctf: a directory, not a trace: left out"),
+        "{e}"
+    );
+    // a merge with a context of the caller's into the directory, run again
+    for _ in 0..2 {
+        let o = sh(
+            d,
+            "exec $M merge -q --context 'nightly run' -o t/merged.ctf t",
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    }
+    equal_to(&d.join("t/merged.ctf"), &[data("fork/child-1.ctf")]);
+}
+
+#[test]
+fn outputs_that_are_not_ours_to_replace_are_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fork = [data("fork")];
+    // -o -: the trace on stdout
+    let o = sh(d, "exec $M merge -q -o - \"$D/fork\" > out.ctf");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("out.ctf"), &fork);
+    // /dev/stdout and /dev/null, written, not replaced
+    let o = sh(
+        d,
+        "exec $M merge -q -o /dev/stdout \"$D/fork/child-1.ctf\" > so.ctf",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("so.ctf"), &[data("fork/child-1.ctf")]);
+    let o = sh(d, "exec $M merge -q -o /dev/null \"$D/fork/child-1.ctf\"");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    // a symbolic link: its target is written, the link stays
+    std::fs::write(d.join("real.ctf"), b"old").unwrap();
+    std::os::unix::fs::symlink("real.ctf", d.join("link.ctf")).unwrap();
+    let o = sh(d, "exec $M merge -q -o link.ctf \"$D/fork/child-1.ctf\"");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(std::fs::symlink_metadata(d.join("link.ctf"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    equal_to(&d.join("real.ctf"), &[data("fork/child-1.ctf")]);
+    // a FIFO: written through to its reader
+    let o = sh(
+        d,
+        "mkfifo p; (timeout 10 cat p > from-fifo.ctf) & timeout 10 $M merge -q -o p \"$D/fork/child-2.ctf\"; s=$?; wait; exit $s",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("from-fifo.ctf"), &[data("fork/child-2.ctf")]);
+    // a read-only output: refused, unless --force
+    std::fs::write(d.join("ro.ctf"), b"keep").unwrap();
+    let o = sh(
+        d,
+        "chmod 444 ro.ctf; exec $M merge -q -o ro.ctf \"$D/fork/child-1.ctf\"",
+    );
+    let e = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("ro.ctf: output exists and is read-only (--force replaces it)"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(d.join("ro.ctf")).unwrap(), b"keep");
+    let o = sh(
+        d,
+        "exec $M merge -q --force -o ro.ctf \"$D/fork/child-1.ctf\"",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    equal_to(&d.join("ro.ctf"), &[data("fork/child-1.ctf")]);
+}
+
+#[test]
+fn an_output_that_cannot_be_fails_before_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("adir")).unwrap();
+    for (out, want) in [
+        (
+            "newdir/x.ctf",
+            "newdir/x.ctf: create output: No such file or directory",
+        ),
+        ("adir", "adir: output is a directory"),
+        ("adir/", "adir/: output is a directory"),
+    ] {
+        // (a FIFO input that nobody writes: were the output made after the inputs are read,
+        // this would wait forever; `timeout` ends it)
+        let o = sh(
+            d,
+            &format!("mkfifo -m 600 f.ctf 2>/dev/null; exec timeout 5 $M merge -q -o {out} f.ctf"),
+        );
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{out}: {e}");
+        assert!(
+            e.starts_with(&format!("memtrace-merge: {want}")),
+            "{out}: {e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{out}: {e}");
+    }
 }

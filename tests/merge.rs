@@ -250,9 +250,10 @@ fn a_directory_merged_into_itself_leaves_its_output_out() {
         context: Some(b"nightly run".to_vec()),
         ..Default::default()
     };
+    // (merged again with the same context of the caller's: the earlier output is left out)
     merge(&src, &out, &own).unwrap();
-    let e = merge(&src, &out, &own).unwrap_err();
-    assert!(e.to_string().contains("one of the inputs"), "{e}");
+    let r = merge(&src, &out, &own).unwrap();
+    assert_eq!(r.allocs, 231_910);
     let alone = tempfile::tempdir().unwrap();
     let lone = alone.path().join("merged.ctf");
     std::fs::write(&lone, &bytes).unwrap();
@@ -269,11 +270,37 @@ fn a_directory_merged_into_itself_leaves_its_output_out() {
     );
 }
 
-/// An earlier merge merged again beside a trace it holds (the same pid) is warned about,
-/// naming that trace; beside traces it does not hold, it is not.
+/// An earlier merge merged again beside a trace it records (the same pid and start time)
+/// holds it: the trace is left out, with a warning naming it.
+#[test]
+fn a_trace_an_earlier_merge_holds_is_merged_once() {
+    let (_d, earlier, _) = merged(&fork(), &MergeOptions::default());
+    let (_d2, out, r) = merged(
+        &[earlier.clone(), data("fork/child-3.ctf")],
+        &MergeOptions::default(),
+    );
+    assert_eq!(r.inputs.len(), 1);
+    assert!(
+        (r.inputs[0].warnings.iter()).any(|w| w.contains("holds ") && w.contains("child-3.ctf")),
+        "{:?}",
+        r.inputs[0].warnings
+    );
+    let c = compare(&fork(), &out, CompareOptions::default()).unwrap();
+    assert!(c.equal(), "{c:?}");
+}
+
+/// An earlier merge that records no start times (as merges before 2026-12) merged again
+/// beside a trace of a pid it holds is warned about, naming that trace; beside traces it
+/// does not hold, it is not.
 #[test]
 fn an_earlier_merge_beside_a_trace_it_holds_is_warned_about() {
-    let (_d, earlier, _) = merged(&fork(), &MergeOptions::default());
+    let old_style = MergeOptions {
+        context: Some(
+            b"memtrace-merge of 5 traces: child-3.ctf (pid 14498, main.exe, rate 0.0003);".to_vec(),
+        ),
+        ..Default::default()
+    };
+    let (_d, earlier, _) = merged(&fork(), &old_style);
     let twice = |r: &MergeReport, k: usize| -> Vec<String> {
         r.inputs[k]
             .warnings
@@ -335,9 +362,16 @@ fn one_multidomain_trace_converted_to_format_2() {
 
 #[test]
 fn truncated_inputs_merge_their_readable_parts() {
+    // (both are cut from fork/child-2.ctf: the same process, merged once unless asked)
+    let inputs = [data("truncated.ctf"), data("truncated-header.ctf")];
+    let (_d, _, r) = merged(&inputs, &MergeOptions::default());
+    assert_eq!(r.allocs, 6407);
     let r = merge_and_compare(
-        &[data("truncated.ctf"), data("truncated-header.ctf")],
-        &MergeOptions::default(),
+        &inputs,
+        &MergeOptions {
+            keep_duplicates: true,
+            ..Default::default()
+        },
     );
     assert_eq!(r.allocs, 2 * 6407);
     for i in &r.inputs {

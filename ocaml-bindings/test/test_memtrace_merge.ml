@@ -415,8 +415,57 @@ let test_round_trip_cli () =
     fork;
   same "thinned" [ "--seed"; "3" ] (fun ~output i -> M.merge ~seed:3 ~output i) [ fast; slow ]
 
+(* Each input report names its file, also when a directory gave several. *)
+let test_report_names_each_file () =
+  let dir = path [ "fork" ] in
+  let r = M.merge ~output:(Filename.concat (fresh "names") "merged.ctf") [ dir ] in
+  let files = List.map (fun (i : M.input_report) -> i.file) r.inputs in
+  let want = List.map (fun n -> Filename.concat dir (n ^ ".ctf")) (List.sort compare fork_names) in
+  check (files = want) "files: %s" (String.concat ", " files);
+  let s = M.summary r in
+  List.iter (fun f -> check (contains ~sub:(f ^ ":") s) "summary names %s: %s" f s) want
+
+(* A pipe is read once, and merged whole (not an empty trace). *)
+let test_pipe_input () =
+  let rd, wr = Unix.pipe () in
+  let bytes = read_file (path [ "fork"; "child-1.ctf" ]) in
+  let writer =
+    Thread.create
+      (fun () ->
+        let oc = Unix.out_channel_of_descr wr in
+        output_string oc bytes;
+        close_out oc)
+      ()
+  in
+  (* (a file_descr is its number on Unix) *)
+  let fd : int = Obj.magic rd in
+  let pipe = Printf.sprintf "/dev/fd/%d" fd in
+  let out = Filename.concat (fresh "pipe") "merged.ctf" in
+  let r = M.merge ~output:out [ pipe; path [ "fork"; "child-2.ctf" ] ] in
+  Thread.join writer;
+  Unix.close rd;
+  check_int "allocs" r.allocs (8336 + 17914);
+  check_int "allocs of the pipe" (List.hd r.inputs).allocs 8336
+
+(* A copy of a trace (the same process) is merged once, with a warning. *)
+let test_duplicate_trace () =
+  let d = fresh "duplicate" in
+  let copy = Filename.concat d "copy-of-child-1.ctf" in
+  write_file copy (read_file (path [ "fork"; "child-1.ctf" ]));
+  let out = Filename.concat d "merged.ctf" in
+  let r = M.merge ~output:out [ path [ "fork"; "child-1.ctf" ]; copy ] in
+  check_int "allocs" r.allocs 8336;
+  check_int "inputs" (List.length r.inputs) 1;
+  check
+    (match r.first_warning with Some w -> contains ~sub:"same process" w | None -> false)
+    "first warning %s"
+    (Option.value r.first_warning ~default:"none")
+
 let tests =
   [
+    ("input reports name their files", test_report_names_each_file);
+    ("a pipe as an input", test_pipe_input);
+    ("a copy of a trace is merged once", test_duplicate_trace);
     ("fork traces: totals equal the inputs' sums", test_fork_totals);
     ("a directory argument", test_directory);
     ("merge in a forked child", test_forked_child);

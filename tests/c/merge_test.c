@@ -106,7 +106,28 @@ int main(int argc, char **argv) {
             "input %d (%s): arg_index %zu, allocs %llu", i, names[i], per[i].arg_index,
             (unsigned long long)per[i].allocs);
     CHECK(per[5].allocs == UINT64_MAX, "the array is not written past n_inputs");
+    for (int i = 0; i < 5; i++)
+      CHECK(per[i].file_name[0] == 0, "input %d: a file argument has no file_name (\"%s\")", i,
+            per[i].file_name);
     CHECK(file_size(out) > 0, "output %s exists (%ld bytes)", out, file_size(out));
+
+    /* A directory argument: each report names its file in the directory. */
+    {
+      const char *dir_arg[1] = {fork_dir};
+      MemtraceMergeInputReport dper[5];
+      MemtraceMergeReport dr = {0};
+      dr.inputs = dper;
+      dr.inputs_capacity = 5;
+      char *dout = join(tmp, "merged-dir.ctf");
+      s = memtrace_merge(dir_arg, 1, dout, NULL, &dr, err, sizeof err);
+      CHECK(!is_error(s) && dr.n_inputs == 5, "directory merge: %s, %llu inputs", name(s),
+            (unsigned long long)dr.n_inputs);
+      const char *sorted[5] = {"child-1.ctf", "child-2.ctf", "child-3.ctf", "child-4.ctf",
+                               "parent.ctf"};
+      for (int i = 0; i < 5; i++)
+        CHECK(dper[i].arg_index == 0 && strcmp(dper[i].file_name, sorted[i]) == 0,
+              "directory input %d names %s (\"%s\")", i, sorted[i], dper[i].file_name);
+    }
 
     /* The same with a NULL report and errbuf, and explicit options. */
     char *out3 = join(tmp, "merged-v3.ctf");
