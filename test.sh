@@ -17,6 +17,10 @@ dune build 2>&1
 step dune test
 # --force: run the OCaml tests even when dune has them cached from an earlier run.
 dune test --force 2>&1
+step OCaml library: in this workspace, vendored, installed as opam builds it
+bash ocaml-bindings/test-install.sh
+step OCaml 5.3 "(when a build of it is at hand)"
+bash ocaml-bindings/test-ocaml5.sh
 step cargo fmt --check
 cargo fmt --check
 step cargo clippy --all-targets -- -D warnings

@@ -117,3 +117,57 @@ fn c_program_merges_and_reports_errors() {
         failed.join("\n")
     );
 }
+
+/// The README's C example (tests/c/example.c, which the README shows whole) compiles
+/// without warnings and merges fork/ given as a directory, naming each file.
+#[test]
+fn the_readme_c_example_merges() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = static_library();
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = tmp.path().join("example");
+    let triple = host_triple();
+    let compiler = cc::Build::new()
+        .target(&triple)
+        .host(&triple)
+        .opt_level(0)
+        .cargo_metadata(false)
+        .get_compiler();
+    let mut cmd = compiler.to_command();
+    cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg(root.join("tests/c/example.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm"]);
+    let out = cmd.output().expect("run the C compiler");
+    assert!(
+        out.status.success(),
+        "compiling tests/c/example.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let merged = tmp.path().join("merged.ctf");
+    let fork = root.join("tests/data/fork");
+    let out = Command::new(&exe).arg(&merged).arg(&fork).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "{}/child-4.ctf: 16499 allocations",
+            fork.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("231910 allocations, 30463 promotions, 223009 collections"),
+        "{stdout}"
+    );
+    let out = Command::new(&exe).arg(&merged).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
