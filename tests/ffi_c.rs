@@ -70,12 +70,11 @@ fn host_triple() -> String {
         .to_string()
 }
 
-#[test]
-fn c_program_merges_and_reports_errors() {
+/// Compile `src` (a C file of tests/c) against the header and the static library into
+/// `exe`, warnings as errors.
+fn compile_c(src: &str, exe: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = static_library();
-    let tmp = tempfile::tempdir().unwrap();
-    let exe = tmp.path().join("merge_test");
     let triple = host_triple();
     let compiler = cc::Build::new()
         .target(&triple)
@@ -87,18 +86,26 @@ fn c_program_merges_and_reports_errors() {
     cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-g"])
         .arg("-I")
         .arg(root.join("include"))
-        .arg(root.join("tests/c/merge_test.c"))
+        .arg(root.join(src))
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .arg(&lib)
         .args(["-lpthread", "-ldl", "-lm"]);
     let out = cmd.output().expect("run the C compiler");
     assert!(
         out.status.success(),
-        "compiling tests/c/merge_test.c failed ({cmd:?}):\n{}{}",
+        "compiling {src} failed ({cmd:?}):\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn c_program_merges_and_reports_errors() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let exe = tmp.path().join("merge_test");
+    compile_c("tests/c/merge_test.c", &exe);
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     let out = Command::new(&exe)
@@ -123,31 +130,9 @@ fn c_program_merges_and_reports_errors() {
 #[test]
 fn the_readme_c_example_merges() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = static_library();
     let tmp = tempfile::tempdir().unwrap();
     let exe = tmp.path().join("example");
-    let triple = host_triple();
-    let compiler = cc::Build::new()
-        .target(&triple)
-        .host(&triple)
-        .opt_level(0)
-        .cargo_metadata(false)
-        .get_compiler();
-    let mut cmd = compiler.to_command();
-    cmd.args(["-std=c99", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(root.join("include"))
-        .arg(root.join("tests/c/example.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm"]);
-    let out = cmd.output().expect("run the C compiler");
-    assert!(
-        out.status.success(),
-        "compiling tests/c/example.c failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    compile_c("tests/c/example.c", &exe);
     let merged = tmp.path().join("merged.ctf");
     let fork = root.join("tests/data/fork");
     let out = Command::new(&exe).arg(&merged).arg(&fork).output().unwrap();
