@@ -4,32 +4,19 @@
 //! codec), [`backtrace`] (cache codec), [`event`], [`info`], [`reader`], [`writer`]; then the
 //! tools built on them.
 
-pub mod backtrace;
-pub mod buf;
-pub mod check;
-pub(crate) mod codes;
-pub mod compare;
-pub mod copy;
-pub(crate) mod decode;
-pub mod dump;
 pub mod error;
-pub mod event;
 pub mod ffi;
+pub mod format;
 pub(crate) mod fs;
-pub mod info;
-pub mod input;
-pub(crate) mod live;
-pub mod location;
 pub mod merge;
-pub mod output;
-pub mod packet;
-pub(crate) mod placement;
+pub mod pipeline;
 pub mod reader;
-pub mod share;
-pub(crate) mod spool;
-pub mod summary;
 pub mod thin;
+pub mod tools;
 pub mod writer;
+
+pub use format::{backtrace, buf, event, info, location, packet};
+pub use tools::{check, compare, copy, dump, summary};
 
 pub use error::{Error, Malformed, Position, Result};
 pub use event::{

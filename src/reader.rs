@@ -1,15 +1,15 @@
 //! A streaming trace reader for formats 1-3: packets are read one at a time into a reused
 //! buffer, and each event's backtrace is lent as a slice borrowed until the next event.
 
-use crate::backtrace::CacheReader;
-use crate::buf::Cursor;
 use crate::error::{Error, Malformed, Position, Result};
-use crate::event::{
+use crate::format::backtrace::CacheReader;
+use crate::format::buf::Cursor;
+use crate::format::event::{
     decode_header, Alloc, AllocSource, DomainId, Event, EventCode, LocationCode, ObjId, Timestamp,
 };
-use crate::info::TraceInfo;
-use crate::location::{IntMap, LocationCodec, LocationList, LocationTable};
-use crate::packet::{header_size, PacketHeader};
+use crate::format::info::TraceInfo;
+use crate::format::location::{IntMap, LocationCodec, LocationList, LocationTable};
+use crate::format::packet::{header_size, PacketHeader};
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::path::Path;
@@ -77,7 +77,7 @@ pub struct Reader<R> {
     last_time: u64,
     locations: LocationTable,
     /// Codes defined since the last event was handed out.
-    new_codes: Vec<crate::event::LocationCode>,
+    new_codes: Vec<crate::format::event::LocationCode>,
     parse_backtraces: bool,
     keep_slots: bool,
     only_domain: Option<u16>,
@@ -195,7 +195,7 @@ impl<R: Read> Reader<R> {
     pub fn locations(&self) -> &LocationTable {
         &self.locations
     }
-    pub fn lookup(&self, code: crate::event::LocationCode) -> Option<&LocationList> {
+    pub fn lookup(&self, code: crate::format::event::LocationCode) -> Option<&LocationList> {
         self.locations.get(&code)
     }
     pub fn stats(&self) -> &ReadStats {
@@ -281,7 +281,7 @@ impl<R: Read> Reader<R> {
             return Ok(None);
         }
         let mut c = Cursor::new(&self.buf[self.start..self.start + avail]);
-        let magic = crate::packet::MAGIC.to_le_bytes();
+        let magic = crate::format::packet::MAGIC.to_le_bytes();
         let first = self.packet_index == 0;
         match PacketHeader::parse(&mut c) {
             Ok(h) => Ok(Some(h)),
@@ -324,7 +324,7 @@ impl<R: Read> Reader<R> {
             None => return Err(self.err_at(self.start, Malformed::NotATrace("empty file"))),
         };
         let size = h.size as usize;
-        if size > crate::packet::MAX_PACKET_SIZE {
+        if size > crate::format::packet::MAX_PACKET_SIZE {
             // (the reference reads the info packet into a buffer of this size)
             return Err(self.err_at(
                 self.start,
@@ -592,7 +592,7 @@ impl<R: Read> Reader<R> {
     /// before the first, or when backtraces are not parsed. (With a domain filter, the
     /// filtered domain's: the reader only reads its packets.)
     #[inline(always)]
-    pub(crate) fn last_backtrace(&self) -> (&[crate::event::LocationCode], &[u16]) {
+    pub(crate) fn last_backtrace(&self) -> (&[crate::format::event::LocationCode], &[u16]) {
         match self.domains.get(self.cur) {
             Some(d) if self.parse_backtraces => (d.cache.backtrace(), d.cache.slots()),
             _ => (&[], &[]),
@@ -668,7 +668,13 @@ impl<R: Read> Reader<R> {
     #[allow(clippy::type_complexity)]
     pub fn next_full(
         &mut self,
-    ) -> Result<Option<(Event<'_>, &LocationTable, &[crate::event::LocationCode])>> {
+    ) -> Result<
+        Option<(
+            Event<'_>,
+            &LocationTable,
+            &[crate::format::event::LocationCode],
+        )>,
+    > {
         self.new_codes.clear();
         if self.done {
             return Ok(None);
@@ -787,7 +793,7 @@ fn read_event_body(
     global_last: &mut u64,
     alloc_id: &mut u64,
     locations: &mut LocationTable,
-    new_codes: &mut Vec<crate::event::LocationCode>,
+    new_codes: &mut Vec<crate::format::event::LocationCode>,
     parse_backtraces: bool,
 ) -> Result<Option<Pending>, Malformed> {
     let word = c.u32()?;

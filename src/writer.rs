@@ -1,16 +1,18 @@
 //! A trace writer (format 2 or 3) making exactly the reference writer's decisions: packet
 //! flushes, location packets, cache hashing and eviction, verifiers, format-3 id chunks.
 
-use crate::backtrace::{self, CacheWriter, Journal};
-use crate::buf::WriteBuf;
 use crate::error::{Error, Result};
-use crate::event::{
+use crate::format::backtrace::{self, CacheWriter, Journal};
+use crate::format::buf::WriteBuf;
+use crate::format::event::{
     encode_header, AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp,
     PACKET_MAX_TIME,
 };
-use crate::info::TraceInfo;
-use crate::location::{IntMap, LocationCodec, LocationList, MAX_LENGTH as LOCATION_MAX_LENGTH};
-use crate::packet::{CacheVerifier, PacketHeader, MAX_PACKET_SIZE, NO_VERIFIER};
+use crate::format::info::TraceInfo;
+use crate::format::location::{
+    IntMap, LocationCodec, LocationList, MAX_LENGTH as LOCATION_MAX_LENGTH,
+};
+use crate::format::packet::{CacheVerifier, PacketHeader, MAX_PACKET_SIZE, NO_VERIFIER};
 use std::io::Write;
 
 /// Fixed-size part of any event (upper bound) plus the larger of the two encoding budgets.
@@ -468,7 +470,7 @@ impl<W: Write> Writer<W> {
 
     /// Write an allocation whose backtrace the caller encoded: its first `common` frames
     /// the previous allocation's (of the domain; 0 for a backtrace sent whole, as
-    /// [`crate::share::Share::encode`] writes them), then `ncodes` codewords in `codewords`
+    /// [`crate::pipeline::share::Share::encode`] writes them), then `ncodes` codewords in `codewords`
     /// for `nframes` frames. `misses` are the codes sent
     /// whole among them, whose locations go out before the packet. A domain's allocations
     /// all come this way, or none do: the writer's own cache then knows nothing of the
@@ -493,7 +495,7 @@ impl<W: Write> Writer<W> {
         s.encoded = true;
         if codewords.len() > backtrace::MAX_LENGTH {
             // a long encoding: in a packet with the room (begin_event leaves only 4 KiB)
-            let hdr = crate::packet::header_size(self.version);
+            let hdr = crate::format::packet::header_size(self.version);
             let room = MAX_PACKET_SIZE - s.packet.len();
             if s.packet.len() > hdr && room < MAX_EV_SIZE - backtrace::MAX_LENGTH + codewords.len()
             {
@@ -661,7 +663,7 @@ impl<W: Write> Writer<W> {
                 s.cache.rollback(&mut self.journal);
                 let (plen, nlocs, tend, nid) = saved;
                 let flushed = self.stats.packets != packets_before;
-                let hdr = crate::packet::header_size(self.version);
+                let hdr = crate::format::packet::header_size(self.version);
                 if flushed {
                     // begin_event flushed: the packet holds only this event; drop it.
                     s.packet.truncate(hdr);
@@ -777,7 +779,7 @@ impl<W: Write> Writer<W> {
 
     /// [`Writer::finish`], also giving the final counts (the last packets included).
     pub fn finish_with_stats(mut self) -> Result<(W, WriteStats)> {
-        let empty = crate::packet::header_size(self.version);
+        let empty = crate::format::packet::header_size(self.version);
         let bare = self.end_bare
             && self.stats.packets == 1
             && (self.streams.iter()).all(|s| s.packet.len() == empty && s.new_locs.is_empty());
@@ -892,8 +894,8 @@ fn dummy_verifier() -> CacheVerifier {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::event::Event;
-    use crate::location::Location;
+    use crate::format::event::Event;
+    use crate::format::location::Location;
     use crate::reader::Reader;
     use std::sync::Arc;
 

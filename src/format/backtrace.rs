@@ -1,10 +1,10 @@
 //! The backtrace codec: a 2^14-entry two-way skewed-associative cache of location codes with
 //! one prediction per entry. Reader and writer mirror the reference's decisions exactly.
 
-use crate::buf::{ocaml_int, Cursor, WriteBuf};
 use crate::error::Malformed;
-use crate::event::LocationCode;
-use crate::packet::CacheVerifier;
+use crate::format::buf::{ocaml_int, Cursor, WriteBuf};
+use crate::format::event::LocationCode;
+use crate::format::packet::CacheVerifier;
 
 pub const CACHE_SIZE: usize = 1 << 14;
 const MASK: u64 = CACHE_SIZE as u64 - 1;
@@ -335,7 +335,7 @@ impl CacheReader {
 
     /// Does a packet header's verifier agree with this cache?
     pub fn verify(&self, v: &CacheVerifier) -> bool {
-        if v.index == crate::packet::NO_VERIFIER {
+        if v.index == crate::format::packet::NO_VERIFIER {
             return true;
         }
         let i = v.index as usize;
@@ -397,11 +397,11 @@ fn table_of<T: Copy>(v: T) -> Box<[T; CACHE_SIZE]> {
 }
 
 impl CacheWriter {
-    /// Fault its tables' pages in now (see [`crate::buf::fault_in`]).
+    /// Fault its tables' pages in now (see [`crate::format::buf::fault_in`]).
     pub(crate) fn fault_in(&mut self) {
-        crate::buf::fault_in(&mut self.cache[..]);
-        crate::buf::fault_in(&mut self.date[..]);
-        crate::buf::fault_in(&mut self.next[..]);
+        crate::format::buf::fault_in(&mut self.cache[..]);
+        crate::format::buf::fault_in(&mut self.date[..]);
+        crate::format::buf::fault_in(&mut self.next[..]);
     }
 }
 
@@ -440,7 +440,7 @@ impl CacheWriter {
         }
     }
 
-    /// The tables, to encode in a share of them ([`crate::share::Share`]): codes, dates of
+    /// The tables, to encode in a share of them ([`crate::pipeline::share::Share`]): codes, dates of
     /// last use, predictions.
     #[allow(clippy::type_complexity)]
     pub(crate) fn tables(

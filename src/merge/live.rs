@@ -1,7 +1,7 @@
 //! The merge's live objects of one input: source object id → merged id, kept only while the
 //! object lives. Recent ids sit in a ring indexed by id; older survivors move to a map.
 
-use crate::location::IntMap;
+use crate::format::location::IntMap;
 
 /// Ids within the ring's length of the newest allocation are looked up by index; most
 /// sampled objects die young, so the map holds only the long-lived ones and memory stays

@@ -1,8 +1,8 @@
 //! CTF packet headers: magic, size in bits, time range, version, pid, [v3] domain, the
 //! backtrace-cache verifier and the alloc-id range. Parsing checks what the reference checks.
 
-use crate::buf::{Cursor, WriteBuf};
 use crate::error::Malformed;
+use crate::format::buf::{Cursor, WriteBuf};
 
 pub const MAGIC: u32 = 0xc1fc_1fc1;
 /// The reference reader's buffer: no packet may be larger (header included).

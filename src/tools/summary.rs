@@ -2,9 +2,9 @@
 //! backtrace depth, location codes, packets and warnings, gathered in one streaming pass.
 
 use crate::error::{Error, Result};
-use crate::event::{AllocSource, Event, LocationCode};
-use crate::info::TraceInfo;
-use crate::location::IntMap;
+use crate::format::event::{AllocSource, Event, LocationCode};
+use crate::format::info::TraceInfo;
+use crate::format::location::IntMap;
 use crate::reader::Reader;
 use std::collections::HashSet;
 use std::fmt;
@@ -13,7 +13,7 @@ use std::hash::BuildHasherDefault;
 use std::io::Read;
 use std::path::Path;
 
-type IntSet<K> = HashSet<K, BuildHasherDefault<crate::location::IntHasher>>;
+type IntSet<K> = HashSet<K, BuildHasherDefault<crate::format::location::IntHasher>>;
 
 /// What `memtrace-merge info` reports about a trace.
 #[derive(Clone, Debug, PartialEq)]

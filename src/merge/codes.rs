@@ -1,8 +1,8 @@
 //! The merged trace's location codes: a code keeps its value while every input agrees on
 //! its locations; each further meaning gets a fresh code from the top of the 63-bit range.
 
-use crate::event::LocationCode;
-use crate::location::{IntMap, LocationList};
+use crate::format::event::LocationCode;
+use crate::format::location::{IntMap, LocationList};
 use std::collections::HashMap;
 
 /// Every merged code with its locations, and the fresh codes given to second meanings.

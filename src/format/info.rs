@@ -1,9 +1,9 @@
 //! The trace_info event: the first packet's only event, describing the traced process
 //! (sampling rate, word size, executable, host, runtime params, pid, start time, context).
 
-use crate::buf::{Cursor, WriteBuf};
 use crate::error::Malformed;
-use crate::event::{encode_header, DomainId, EventCode, Timestamp};
+use crate::format::buf::{Cursor, WriteBuf};
+use crate::format::event::{encode_header, DomainId, EventCode, Timestamp};
 
 /// What a trace says about the process that wrote it.
 #[derive(Clone, Debug, PartialEq)]

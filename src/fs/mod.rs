@@ -2,6 +2,8 @@
 //! goes (a file replaced in one step, a device or pipe written through, stdout), and the
 //! temporary file a merge writes before it is given the output's name.
 
+pub(crate) mod spool;
+
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};

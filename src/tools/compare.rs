@@ -2,8 +2,8 @@
 //! backtrace as resolved locations, promote time, collect time), compared as multisets.
 
 use crate::error::Result;
-use crate::event::{Event, LocationCode};
-use crate::location::{IntMap, Location, LocationTable};
+use crate::format::event::{Event, LocationCode};
+use crate::format::location::{IntMap, Location, LocationTable};
 use crate::reader::Reader;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -228,7 +228,7 @@ fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>
 /// backtrace as resolved locations (`root`'s hash first, if any; each code's hash kept in
 /// `frame_hash`).
 fn alloc_digest(
-    a: &crate::event::Alloc<'_>,
+    a: &crate::format::event::Alloc<'_>,
     table: &LocationTable,
     root: Option<u128>,
     frame_hash: &mut IntMap<LocationCode, u128>,
@@ -368,7 +368,7 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{AllocSource, DomainId, ObjId, Timestamp};
+    use crate::format::event::{AllocSource, DomainId, ObjId, Timestamp};
     use crate::writer::{tests::info, tests::locs, Writer, WriterOptions};
 
     /// A trace of three allocations, the first promoted and all collected, with `extra`

@@ -1,9 +1,9 @@
 //! Source locations and the location event's codec: 48-bit packed line/char fields and
 //! move-to-front tables for file names (31) and, per file, definition names.
 
-use crate::buf::{Cursor, WriteBuf};
 use crate::error::Malformed;
-use crate::event::LocationCode;
+use crate::format::buf::{Cursor, WriteBuf};
+use crate::format::event::LocationCode;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};

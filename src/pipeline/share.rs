@@ -12,9 +12,9 @@
 //! still there. A position is looked at only when something this source wrote since may
 //! have changed it (the positions in "doubt"), as in a path that holds one entry twice.
 
-use crate::backtrace::{date_of, table, CacheWriter, Date, CACHE_SIZE};
-use crate::buf::WriteBuf;
-use crate::event::LocationCode;
+use crate::format::backtrace::{date_of, table, CacheWriter, Date, CACHE_SIZE};
+use crate::format::buf::WriteBuf;
+use crate::format::event::LocationCode;
 
 const M: usize = CACHE_SIZE - 1;
 
@@ -677,7 +677,7 @@ impl Share {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{AllocSource, DomainId, Event, Timestamp};
+    use crate::format::event::{AllocSource, DomainId, Event, Timestamp};
     use crate::reader::Reader;
     use crate::writer::tests::locs;
     use crate::writer::{common_prefix, Writer, WriterOptions};
@@ -779,7 +779,7 @@ mod tests {
             let hints: Vec<u16> = match seed % 3 {
                 0 => bt
                     .iter()
-                    .map(|&c| crate::backtrace::buckets(c).0 as u16)
+                    .map(|&c| crate::format::backtrace::buckets(c).0 as u16)
                     .collect(),
                 1 => bt.iter().map(|_| r.below(1 << 16) as u16).collect(),
                 _ => Vec::new(),
@@ -954,7 +954,7 @@ mod tests {
                 let hints: Vec<u16> = match r.below(4) {
                     0 => bt
                         .iter()
-                        .map(|&c| crate::backtrace::buckets(c).0 as u16)
+                        .map(|&c| crate::format::backtrace::buckets(c).0 as u16)
                         .collect(),
                     1 => bt.iter().map(|_| r.below(1 << 16) as u16).collect(),
                     2 => bt.iter().map(|_| r.below(64) as u16).collect(),

@@ -32,7 +32,7 @@ impl LocationCode {
     /// 63-bit int (`Int64.to_int`) and widened back.
     #[inline]
     pub fn from_raw(raw: u64) -> Self {
-        LocationCode(crate::buf::ocaml_int(raw) as u64)
+        LocationCode(crate::format::buf::ocaml_int(raw) as u64)
     }
 }
 

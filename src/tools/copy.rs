@@ -2,8 +2,8 @@
 //! does: the proof that reader and writer agree with the OCaml library byte for byte.
 
 use crate::error::{Error, Result};
-use crate::event::{AllocSource, DomainId, Event, LocationCode, ObjId, Timestamp};
-use crate::location::{LocationList, LocationTable};
+use crate::format::event::{AllocSource, DomainId, Event, LocationCode, ObjId, Timestamp};
+use crate::format::location::{LocationList, LocationTable};
 use crate::reader::{Reader, Warning};
 use crate::writer::{WriteStats, Writer, WriterOptions};
 use std::io::{Read, Write};
@@ -157,7 +157,12 @@ fn read_batch<R: Read>(reader: &mut Reader<R>, b: &mut Batch, stop: &AtomicBool)
                 let common = (a.common_prefix as usize).min(a.backtrace.len());
                 let new = &a.backtrace[common..];
                 b.frames.extend_from_slice(new);
-                crate::backtrace::push_slots(&mut b.slots, a.slots, common, a.backtrace.len());
+                crate::format::backtrace::push_slots(
+                    &mut b.slots,
+                    a.slots,
+                    common,
+                    a.backtrace.len(),
+                );
                 Item::Alloc {
                     time: a.time,
                     domain: a.domain,
@@ -426,8 +431,8 @@ fn convert<R: Read, W: Write>(
     v2_out: bool,
 ) -> Result<Vec<Warning>> {
     let mut warnings = Vec::new();
-    let mut ids: crate::location::IntMap<u64, u64> = Default::default();
-    let remap = |ids: &crate::location::IntMap<u64, u64>, id: ObjId, what: &str| {
+    let mut ids: crate::format::location::IntMap<u64, u64> = Default::default();
+    let remap = |ids: &crate::format::location::IntMap<u64, u64>, id: ObjId, what: &str| {
         ids.get(&id.0)
             .map(|&o| ObjId(o))
             .ok_or_else(|| Error::Write(format!("{what} of object {} which is not live", id.0)))
@@ -483,8 +488,8 @@ pub fn copy_file(
         )));
     }
     // (a pipe is read once into a spool: a copy may read it again, a domain at a time)
-    let spooled = crate::spool::needs_spool(input)
-        .then(|| crate::spool::spool(input, &crate::merge::INTERRUPT))
+    let spooled = crate::fs::spool::needs_spool(input)
+        .then(|| crate::fs::spool::spool(input, &crate::merge::INTERRUPT))
         .transpose()?;
     let name = input;
     let input = spooled.as_ref().map_or(input, |s| s.path.as_path());

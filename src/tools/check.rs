@@ -2,10 +2,10 @@
 //! location codes resolving and object lifecycles, streaming (only the live-object set grows).
 
 use crate::error::{Error, Position, Result};
-use crate::event::{Event, LocationCode, ObjId};
-use crate::location::IntMap;
+use crate::format::event::{Event, LocationCode, ObjId};
+use crate::format::location::IntMap;
 use crate::reader::{Reader, Warning};
-use crate::summary::NewFrames;
+use crate::tools::summary::NewFrames;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Write};

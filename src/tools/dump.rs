@@ -2,8 +2,8 @@
 //! (v0.2.3's layout for formats 1-2, HEAD's with `dom=` for format 3).
 
 use crate::error::{Error, Malformed, Result};
-use crate::event::{Event, LocationCode};
-use crate::location::{IntMap, LocationTable};
+use crate::format::event::{Event, LocationCode};
+use crate::format::location::{IntMap, LocationTable};
 use crate::reader::Reader;
 use std::io::{Read, Write};
 

@@ -1,15 +1,15 @@
 //! Decoding the merge's inputs ahead of it on worker threads: each stream (an input, or one
 //! domain of a format-3 input) is read into batches of events and the locations they define.
 
-use crate::backtrace::CacheWriter;
-use crate::buf::WriteBuf;
-use crate::event::{AllocSource, LocationCode};
-use crate::input::FilePool;
-use crate::location::LocationList;
+use crate::format::backtrace::CacheWriter;
+use crate::format::buf::WriteBuf;
+use crate::format::event::{AllocSource, LocationCode};
+use crate::format::location::LocationList;
 use crate::merge::Warnings;
-use crate::placement::Placement;
+use crate::pipeline::files::FilePool;
+use crate::pipeline::placement::Placement;
+use crate::pipeline::share::{Share, ShareOf};
 use crate::reader::{EventSink, Reader};
-use crate::share::{Share, ShareOf};
 use crate::thin::Thinner;
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -171,7 +171,7 @@ impl Batch {
     }
 }
 
-/// The encoder of a stream in its share of an output domain's cache ([`crate::share`]),
+/// The encoder of a stream in its share of an output domain's cache ([`crate::pipeline::share`]),
 /// kept with the stream's decoding state: whichever thread fills a batch of the stream
 /// encodes it, and the bytes do not depend on which: an encoding depends on the stream's
 /// own earlier backtraces only.
@@ -269,7 +269,7 @@ pub(crate) struct DecodeReport {
 
 /// The room one encoding made ahead may take: a packet's, but for its header and the
 /// allocation's fields.
-pub(crate) const ENCODING_ROOM: usize = crate::packet::MAX_PACKET_SIZE - 512;
+pub(crate) const ENCODING_ROOM: usize = crate::format::packet::MAX_PACKET_SIZE - 512;
 
 /// A stream's decoded batches, and whether the consumer sleeps waiting for one (only then
 /// is it signalled: a condvar signal is a system call even when nobody waits).
@@ -679,7 +679,7 @@ impl Drop for Decoder {
 }
 
 struct DecState {
-    reader: Option<Reader<crate::input::LazyFile>>,
+    reader: Option<Reader<crate::pipeline::files::LazyFile>>,
     /// the stream's input, and what was learned about it reading this stream
     input: usize,
     rep: DecodeReport,
@@ -1038,7 +1038,7 @@ impl EventSink for Filler<'_> {
             (ncodes, done)
         } else {
             self.b.frames.extend_from_slice(&backtrace[keep..]);
-            crate::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
+            crate::format::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
             (keep, backtrace.len() - keep)
         };
         self.push_alloc(

@@ -1,7 +1,7 @@
 //! Writing a file in large buffers, on a thread of its own when a CPU is free for it, so
 //! that the caller (a merge's merging thread) does not wait in the kernel.
 
-use crate::placement::Placement;
+use crate::pipeline::placement::Placement;
 use std::fs::File;
 use std::io::{self, Write};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};

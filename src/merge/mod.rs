@@ -11,22 +11,25 @@
 //! packets are still open, and each id delta is non-negative (the reference reader refuses
 //! a negative one for promotes).
 
-use crate::buf::WriteBuf;
-use crate::codes::Codes;
-use crate::decode::{
+pub(crate) mod codes;
+pub(crate) mod live;
+
+use crate::error::{Error, Result};
+use crate::format::buf::WriteBuf;
+use crate::format::event::{DomainId, LocationCode, ObjId, Timestamp};
+use crate::format::info::TraceInfo;
+use crate::format::location::{IntMap, Location};
+use crate::fs::{file_id, resolve_output, Target};
+use crate::merge::codes::Codes;
+use crate::merge::live::LiveObjects;
+use crate::pipeline::decoder::{
     order_key, Batch, Decoder, Ev, Hooks, StreamSpec, Timed, TAG_FRAME, THINNED_OUT, WIDE_LENGTH,
     WIDE_SAMPLES,
 };
-use crate::error::{Error, Result};
-use crate::event::{DomainId, LocationCode, ObjId, Timestamp};
-use crate::fs::{file_id, resolve_output, Target};
-use crate::info::TraceInfo;
-use crate::live::LiveObjects;
-use crate::location::{IntMap, Location};
-use crate::output::OutputFile;
-use crate::placement::Placement;
+use crate::pipeline::output::OutputFile;
+use crate::pipeline::placement::Placement;
+use crate::pipeline::share::ShareOf;
 use crate::reader::{scan_packets_as, PacketScan, Reader};
-use crate::share::ShareOf;
 use crate::thin::Thinner;
 use crate::writer::{common_prefix, Writer, WriterOptions};
 use std::cmp::Reverse;
@@ -56,7 +59,7 @@ fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
         let mut allocs = 0;
         while allocs < 64 {
             match r.next_event() {
-                Ok(Some(crate::event::Event::Alloc(a))) => {
+                Ok(Some(crate::format::event::Event::Alloc(a))) => {
                     let n = a.backtrace.len() as u64;
                     frames += n;
                     new += n - a.common_prefix.min(n);
@@ -148,7 +151,7 @@ pub struct MergeOptions {
     /// one, at most four). The output does not depend on it.
     pub decode_threads: Option<usize>,
     /// Encode the backtraces of streams that take turns in one output domain ahead, each
-    /// whole in its own share of the domain's cache (see [`crate::share`]), as they are
+    /// whole in its own share of the domain's cache (see [`crate::pipeline::share`]), as they are
     /// decoded (by the decoding threads, or by the merging thread rather than wait for
     /// them), rather than each after the previous allocation of the domain on the
     /// merging thread; a stream alone in its domain (format 3) is encoded ahead in the
@@ -845,7 +848,7 @@ struct Prepared {
     arg_warnings: Vec<String>,
     /// Where the output goes.
     target: Target,
-    _spools: Vec<crate::spool::Spool>,
+    _spools: Vec<crate::fs::spool::Spool>,
 }
 
 /// Check a merge's arguments, expand its directories, leave out files named twice and spool
@@ -890,8 +893,8 @@ fn prepare_inputs(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Res
                 p.display()
             )));
         }
-        if crate::spool::needs_spool(p) {
-            let s = crate::spool::spool(p, &INTERRUPT)?;
+        if crate::fs::spool::needs_spool(p) {
+            let s = crate::fs::spool::spool(p, &INTERRUPT)?;
             sources.push(s.path.clone());
             spools.push(s);
             continue;
@@ -1683,7 +1686,7 @@ pub fn format_warnings(r: &MergeReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{AllocSource, LocationCode};
+    use crate::format::event::{AllocSource, LocationCode};
     use crate::writer::{Writer, WriterOptions};
 
     fn data(p: &str) -> PathBuf {
@@ -1805,9 +1808,10 @@ mod tests {
                 // on a busy machine the decoding thread may still fill nearly all)
                 let mut most = 0;
                 for _ in 0..5 {
-                    let before = crate::decode::FILLED_HERE.get();
+                    let before = crate::pipeline::decoder::FILLED_HERE.get();
                     let (got, _) = run(1, hooks);
-                    let encoded = crate::decode::FILLED_HERE.get().encoded - before.encoded;
+                    let encoded =
+                        crate::pipeline::decoder::FILLED_HERE.get().encoded - before.encoded;
                     assert!(
                         got == want,
                         "{what} ({} inputs, {remapped} codes remapped): other bytes",
@@ -1944,9 +1948,9 @@ mod tests {
                 // batches or more: on a busy machine the decoding thread may still do it)
                 let mut shortfall = String::new();
                 for _ in 0..5 {
-                    let before = crate::decode::FILLED_HERE.get();
+                    let before = crate::pipeline::decoder::FILLED_HERE.get();
                     let got = run(1, hooks);
-                    let after = crate::decode::FILLED_HERE.get();
+                    let after = crate::pipeline::decoder::FILLED_HERE.get();
                     assert!(
                         got == want,
                         "format {format}, ahead {ahead}, {what}: other bytes"
