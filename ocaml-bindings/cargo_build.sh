@@ -27,8 +27,8 @@ else
   echo "cargo_build.sh: run me from dune (or set MEMTRACE_MERGE_ROOT to the Rust crate's root)" >&2
   exit 1
 fi
-if [ ! -f "$root/Cargo.toml" ] || [ ! -f "$root/src/ffi.rs" ]; then
-  echo "cargo_build.sh: $root is not the memtrace_merge crate (no Cargo.toml, src/ffi.rs)" >&2
+if [ ! -f "$root/Cargo.toml" ] || [ ! -f "$root/src/capi.rs" ]; then
+  echo "cargo_build.sh: $root is not the memtrace_merge crate (no Cargo.toml, src/capi.rs)" >&2
   exit 1
 fi
 

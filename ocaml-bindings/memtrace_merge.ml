@@ -1,6 +1,6 @@
 (* Binding of the Rust library's C function memtrace_merge() (see memtrace_merge_stubs.c). *)
 
-type status = Bad_arguments | Input_error | Output_error | Internal_error
+type status = Bad_arguments | Input_error | Output_error | Internal_error | Cancelled
 
 type error = { status : status; message : string }
 
@@ -11,6 +11,7 @@ let string_of_status = function
   | Input_error -> "input error"
   | Output_error -> "output error"
   | Internal_error -> "internal error"
+  | Cancelled -> "cancelled"
 
 let error_to_string e = string_of_status e.status ^ ": " ^ e.message
 
@@ -71,7 +72,22 @@ type c_options = {
   c_pid : int;  (* 0: the first input's *)
   c_context : string option;
   c_capacity : int;  (* room for this many per-input reports *)
+  c_cancel : (int32, Bigarray.int32_elt, Bigarray.c_layout) Bigarray.Array1.t option;
 }
+
+module Cancel = struct
+  (* One int32, out of the OCaml heap: the C side polls it while the runtime lock is
+     released. *)
+  type t = (int32, Bigarray.int32_elt, Bigarray.c_layout) Bigarray.Array1.t
+
+  let create () =
+    let t = Bigarray.Array1.create Bigarray.int32 Bigarray.c_layout 1 in
+    t.{0} <- 0l;
+    t
+
+  let cancel (t : t) = t.{0} <- 1l
+  let is_cancelled (t : t) = t.{0} <> 0l
+end
 
 (* (first warning or "", totals, per input: (arg index :: integer fields, (rate, keep), file
    name in its directory argument or "")) *)
@@ -95,7 +111,7 @@ let capacity inputs =
     0 inputs
 
 let merge ?format ?(on_rate_mismatch = `Thin) ?(seed = 0) ?(tag_processes = false)
-    ?(skip_bad_inputs = false) ?pid ?context ~output inputs =
+    ?(skip_bad_inputs = false) ?pid ?context ?cancel ~output inputs =
   let bad message = raise (Error { status = Bad_arguments; message }) in
   let c_pid =
     match pid with
@@ -114,6 +130,7 @@ let merge ?format ?(on_rate_mismatch = `Thin) ?(seed = 0) ?(tag_processes = fals
       c_pid;
       c_context = context;
       c_capacity = capacity inputs;
+      c_cancel = cancel;
     }
   in
   let warning, t, per = merge_raw inputs output options in

@@ -35,6 +35,7 @@ type status =
   | Internal_error
       (** A fault of the library: a bug (please report it with the message), or a thread
           that could not start (out of resources). *)
+  | Cancelled  (** The merge was cancelled ([?cancel]); nothing was written. *)
 
 type error = { status : status; message : string  (** One line, naming the file. *) }
 
@@ -43,7 +44,8 @@ exception Error of error
     temporary file) is left behind, and an existing file at the output path is untouched. *)
 
 val string_of_status : status -> string
-(** ["bad arguments"], ["input error"], ["output error"] or ["internal error"]. *)
+(** ["bad arguments"], ["input error"], ["output error"], ["internal error"] or
+    ["cancelled"]. *)
 
 val error_to_string : error -> string
 (** ["input error: parent.ctf: byte 1024: ..."]. *)
@@ -103,6 +105,17 @@ val summary : report -> string
 
 (** {1 Merging} *)
 
+(** A handle that cancels the merges given it ([?cancel]), from another thread or a signal
+    handler: such a merge stops within milliseconds and raises
+    [Error {status = Cancelled; _}], leaving no output. Each merge polls its own handle. *)
+module Cancel : sig
+  type t
+
+  val create : unit -> t
+  val cancel : t -> unit
+  val is_cancelled : t -> bool
+end
+
 val merge :
   ?format:[ `V2 | `V3 ] ->
   ?on_rate_mismatch:[ `Thin | `Fail ] ->
@@ -111,6 +124,7 @@ val merge :
   ?skip_bad_inputs:bool ->
   ?pid:int ->
   ?context:string ->
+  ?cancel:Cancel.t ->
   output:string ->
   string list ->
   report
@@ -146,6 +160,7 @@ val merge :
     @param pid the pid recorded in the merged trace (positive); default: the first input's.
     @param context the context string of the merged trace (no NUL byte); default: the first
     input's, or a description of the merge.
+    @param cancel a handle that cancels this merge when set (see {!Cancel}).
     @raise Error when no output was written (see {!status}). *)
 
 val version : unit -> string

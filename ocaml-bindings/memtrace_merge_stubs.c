@@ -4,6 +4,7 @@
 
 #define CAML_NAME_SPACE
 #include <caml/alloc.h>
+#include <caml/bigarray.h>
 #include <caml/callback.h>
 #include <caml/fail.h>
 #include <caml/memory.h>
@@ -20,17 +21,18 @@
 #define ERRBUF_LEN 8192
 
 /* Fields of the OCaml record Memtrace_merge.c_options (keep in step with memtrace_merge.ml). */
-enum { OPT_FORMAT, OPT_RATE, OPT_SEED, OPT_TAG, OPT_SKIP, OPT_PID, OPT_CONTEXT, OPT_CAPACITY };
+enum { OPT_FORMAT, OPT_RATE, OPT_SEED, OPT_TAG, OPT_SKIP, OPT_PID, OPT_CONTEXT, OPT_CAPACITY, OPT_CANCEL };
 
-/* Raise Memtrace_merge.Error { status; message }. status is the C status (2 to 5); the OCaml
- * variant Bad_arguments | Input_error | Output_error | Internal_error is numbered from 0. */
+/* Raise Memtrace_merge.Error { status; message }. status is the C status (2 to 6); the OCaml
+ * variant Bad_arguments | Input_error | Output_error | Internal_error | Cancelled is numbered
+ * from 0. */
 static void raise_error(int status, const char *message) {
   CAMLparam0();
   CAMLlocal2(msg, err);
   const value *exn = caml_named_value("Memtrace_merge.Error");
   if (exn == NULL) caml_failwith(message); /* the OCaml module registers it at start-up */
   int tag = status - MEMTRACE_MERGE_STATUS_BAD_ARGUMENTS;
-  if (tag < 0 || tag > 3) tag = 3;
+  if (tag < 0 || tag > 4) tag = 3;
   msg = caml_copy_string(message);
   err = caml_alloc_small(2, 0);
   Field(err, 0) = Val_int(tag);
@@ -118,11 +120,17 @@ value memtrace_merge_ml(value v_inputs, value v_output, value v_options) {
   c->options.skip_bad_inputs = Bool_val(Field(v_options, OPT_SKIP));
   c->options.pid = (uint64_t)Long_val(Field(v_options, OPT_PID));
   c->options.context = c->context;
+  c->options.struct_size = sizeof c->options;
+  /* The cancel flag: the data of an int32 bigarray (out of the OCaml heap, so it does not
+   * move; it stays alive as v_options, a root of this call, refers to it). */
+  value v_cancel = Field(v_options, OPT_CANCEL);
+  if (Is_block(v_cancel)) c->options.cancel = (const int *)Caml_ba_data_val(Field(v_cancel, 0));
   size_t capacity = (size_t)Long_val(Field(v_options, OPT_CAPACITY));
   if (capacity > 0) {
     c->per_input = calloc(capacity, sizeof *c->per_input);
     if (c->per_input == NULL) fail_call(c, "", 0);
   }
+  c->report.struct_size = sizeof c->report;
   c->report.inputs = c->per_input;
   c->report.inputs_capacity = capacity;
 

@@ -162,17 +162,31 @@ impl fmt::Display for Malformed {
     }
 }
 
+/// Which side of a merge or copy a file is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Side {
+    /// A trace read.
+    Input,
+    /// The trace written (or stdout).
+    Output,
+}
+
 /// The library's error.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// The input does not follow the memtrace format.
     Malformed { at: Position, what: Malformed },
-    /// An I/O error on a named file.
+    /// An I/O error on a named file, of an input or of the output.
     Io {
         path: PathBuf,
+        side: Side,
         op: &'static str,
         source: std::io::Error,
     },
+    /// The merge was cancelled ([`crate::Cancel`]); nothing was written.
+    Cancelled,
     /// The caller asked for something impossible (bad option, output = input, ...).
     Usage(String),
     /// A writer was given events it cannot encode (out-of-order time, unknown id, ...).
@@ -195,11 +209,33 @@ impl Error {
             what,
         }
     }
-    pub fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Error {
+    /// An I/O error on input `path`, while doing `op`.
+    pub fn input(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Error {
         Error::Io {
             path: path.into(),
+            side: Side::Input,
             op,
             source,
+        }
+    }
+    /// An I/O error on the output `path`, while doing `op`.
+    pub fn output(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            side: Side::Output,
+            op,
+            source,
+        }
+    }
+    /// The side the error is about: inputs (a malformed trace, inputs that cannot be merged
+    /// together, an input's I/O) or the output (its I/O, events it cannot hold); None for
+    /// the caller's mistakes, cancellation and faults of this library.
+    pub fn side(&self) -> Option<Side> {
+        match self {
+            Error::Malformed { .. } | Error::Incompatible(_) => Some(Side::Input),
+            Error::Io { side, .. } => Some(*side),
+            Error::Write(_) => Some(Side::Output),
+            Error::Usage(_) | Error::Cancelled | Error::Internal(_) => None,
         }
     }
 }
@@ -208,7 +244,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Malformed { at, what } => write!(f, "{at}: {what}"),
-            Error::Io { path, op, source } => write!(f, "{}: {op}: {source}", path.display()),
+            Error::Io {
+                path, op, source, ..
+            } => write!(f, "{}: {op}: {source}", path.display()),
+            Error::Cancelled => f.write_str("merge cancelled; no output written"),
             Error::Usage(s) | Error::Write(s) | Error::Incompatible(s) => f.write_str(s),
             Error::Internal(s) => write!(f, "internal error: {s}"),
         }

@@ -4,13 +4,16 @@
 //! codec), [`backtrace`] (cache codec), [`event`], [`info`], [`reader`], [`writer`]; then the
 //! tools built on them.
 
+pub mod cancel;
+mod capi;
+pub mod cli;
 pub mod error;
-pub mod ffi;
 pub mod format;
 pub(crate) mod fs;
 pub mod merge;
 pub mod pipeline;
 pub mod reader;
+mod sys;
 pub mod thin;
 pub mod tools;
 pub mod writer;
@@ -18,7 +21,8 @@ pub mod writer;
 pub use format::{backtrace, buf, event, info, location, packet};
 pub use tools::{check, compare, copy, dump, summary};
 
-pub use error::{Error, Malformed, Position, Result};
+pub use cancel::Cancel;
+pub use error::{Error, Malformed, Position, Result, Side};
 pub use event::{
     Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp,
 };

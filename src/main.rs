@@ -126,7 +126,7 @@ enum RateArg {
 fn main() -> ExitCode {
     // A closed stdout or stderr (`info f | head -1`) ends the process quietly, as it does
     // `cat`; other write errors are one line and exit 2, never a panic.
-    memtrace_merge::ffi::default_broken_pipe_signal();
+    memtrace_merge::cli::default_broken_pipe_signal();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -151,7 +151,7 @@ fn print_out(text: &str) -> Result<(), memtrace_merge::Error> {
 }
 
 fn stdout_error(e: std::io::Error) -> memtrace_merge::Error {
-    memtrace_merge::Error::io("<stdout>", "write", e)
+    memtrace_merge::Error::output("<stdout>", "write", e)
 }
 
 fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
@@ -213,16 +213,15 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 fsync,
                 force,
                 keep_duplicates,
+                cancel: memtrace_merge::Cancel::new(),
                 decode_threads: None,
                 encode_ahead: None,
             };
-            memtrace_merge::ffi::install_interrupt_handler();
-            memtrace_merge::ffi::ignore_file_size_signal();
+            memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
+            memtrace_merge::cli::ignore_file_size_signal();
             let report = memtrace_merge::merge::merge(&inputs, &output, &opts);
-            if report.is_err()
-                && memtrace_merge::merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed)
-            {
-                if memtrace_merge::ffi::first_to_report_interrupt() {
+            if let Err(memtrace_merge::Error::Cancelled) = report {
+                if memtrace_merge::cli::first_to_report_interrupt() {
                     say(format_args!(
                         "memtrace-merge: interrupted; no output written"
                     ));
@@ -283,8 +282,8 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             output,
             format,
         } => {
-            memtrace_merge::ffi::install_interrupt_handler();
-            memtrace_merge::ffi::ignore_file_size_signal();
+            memtrace_merge::cli::cancel_on_interrupt(&memtrace_merge::Cancel::new());
+            memtrace_merge::cli::ignore_file_size_signal();
             let warnings = memtrace_merge::copy::copy_file(&input, &output, format)?;
             for w in warnings {
                 say(format_args!("warning: {w}"));

@@ -96,7 +96,7 @@ impl Reader<File> {
     /// Open a trace file and read its info packet.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        let f = File::open(path).map_err(|e| Error::input(path, "open", e))?;
         Reader::new(f, &path.display().to_string())
     }
 }
@@ -267,7 +267,7 @@ impl<R: Read> Reader<R> {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(&self.name, "read", e)),
+                Err(e) => return Err(Error::input(&self.name, "read", e)),
             }
         }
         Ok((self.end - self.start).min(n))
@@ -947,8 +947,11 @@ pub fn scan_packets(path: &Path, count_allocs: bool) -> Result<PacketScan> {
 /// [`scan_packets`] of `path`, which messages name `name`.
 pub(crate) fn scan_packets_as(path: &Path, name: &Path, count_allocs: bool) -> Result<PacketScan> {
     use std::io::{Seek, SeekFrom};
-    let mut f = File::open(path).map_err(|e| Error::io(name, "open", e))?;
-    let len = f.metadata().map_err(|e| Error::io(name, "stat", e))?.len();
+    let mut f = File::open(path).map_err(|e| Error::input(name, "open", e))?;
+    let len = f
+        .metadata()
+        .map_err(|e| Error::input(name, "stat", e))?
+        .len();
     let mut off = 0u64;
     let mut scan = PacketScan::default();
     let mut seen = vec![false; 1 << 16];
@@ -956,7 +959,7 @@ pub(crate) fn scan_packets_as(path: &Path, name: &Path, count_allocs: bool) -> R
     let mut first = true;
     while off < len {
         f.seek(SeekFrom::Start(off))
-            .map_err(|e| Error::io(name, "seek", e))?;
+            .map_err(|e| Error::input(name, "seek", e))?;
         let n = (len - off).min(68) as usize;
         if f.read_exact(&mut hdr[..n]).is_err() {
             break;

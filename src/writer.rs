@@ -207,7 +207,7 @@ impl<W: Write> Writer<W> {
     fn emit(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
             .write_all(bytes)
-            .map_err(|e| Error::io(&self.path, "write", e))?;
+            .map_err(|e| Error::output(&self.path, "write", e))?;
         self.stats.packets += 1;
         self.stats.bytes += bytes.len() as u64;
         Ok(())
@@ -797,7 +797,7 @@ impl<W: Write> Writer<W> {
         }
         self.out
             .flush()
-            .map_err(|e| Error::io(&self.path, "flush", e))?;
+            .map_err(|e| Error::output(&self.path, "flush", e))?;
         Ok((self.out, self.stats))
     }
 }

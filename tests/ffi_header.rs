@@ -1,4 +1,4 @@
-//! The committed C header include/memtrace_merge.h is what cbindgen makes of src/ffi.rs with
+//! The committed C header include/memtrace_merge.h is what cbindgen makes of src/capi.rs with
 //! cbindgen.toml; `BLESS=1 cargo test --test ffi_header` rewrites it instead of comparing.
 
 use std::path::Path;
@@ -9,9 +9,9 @@ fn header_is_up_to_date() {
     let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root.join("src/ffi.rs"))
+        .with_src(root.join("src/capi.rs"))
         .generate()
-        .expect("cbindgen failed on src/ffi.rs");
+        .expect("cbindgen failed on src/capi.rs");
     let mut generated = Vec::new();
     bindings.write(&mut generated);
     let generated = String::from_utf8(generated).expect("header is UTF-8");
@@ -28,7 +28,7 @@ fn header_is_up_to_date() {
             .zip(generated.lines())
             .position(|(a, b)| a != b);
         panic!(
-            "include/memtrace_merge.h is out of date with src/ffi.rs (first difference at line {}); \
+            "include/memtrace_merge.h is out of date with src/capi.rs (first difference at line {}); \
              regenerate it with: BLESS=1 cargo test --test ffi_header",
             line.map_or_else(|| "end".to_string(), |l| (l + 1).to_string())
         );

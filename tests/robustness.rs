@@ -6,16 +6,15 @@
 
 use memtrace_merge::check::{check_file, CheckOptions};
 use memtrace_merge::compare::{compare, CompareOptions};
-use memtrace_merge::merge::{merge, MergeOptions, MergeReport, INTERRUPT};
+use memtrace_merge::merge::{merge, MergeOptions, MergeReport};
 use memtrace_merge::{dump, summary, Error, Reader};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
 use std::sync::{mpsc, RwLock};
 use std::time::{Duration, Instant};
 
-/// Merges take it shared; the interrupt test takes it alone (INTERRUPT is process-wide).
+/// Merges take it shared; a test that counts the process's open files takes it alone.
 static MERGE_LOCK: RwLock<()> = RwLock::new(());
 
 fn merge_lock() -> std::sync::RwLockReadGuard<'static, ()> {
@@ -1536,12 +1535,13 @@ fn an_output_that_is_one_of_the_inputs_is_refused_however_spelled() {
     assert_eq!(snapshot(&fs), before);
 }
 
-/// `merge::INTERRUPT` (set by the command line's SIGINT handler) stops a running merge with
-/// an error; the temporary output is removed and nothing appears at the output path.
+/// A merge given a cancel handle stops with [`Error::Cancelled`] once it is set: the
+/// temporary output is removed and nothing appears at the output path. Two merges in one
+/// process cancel apart: the other, running at the same time, completes.
 #[test]
-fn an_interrupted_merge_leaves_nothing() {
+fn a_cancelled_merge_leaves_nothing_and_another_goes_on() {
     let _alone = MERGE_LOCK.write().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch();
+    let (dir, other) = (scratch(), scratch());
     let d = dir.path().to_path_buf();
     let out = d.join("merged.ctf");
     // the fork set twice: about a million events, long enough to be caught running
@@ -1551,14 +1551,20 @@ fn an_interrupted_merge_leaves_nothing() {
             .iter()
             .map(|n| data(&format!("fork/{n}.ctf"))),
     );
-    // 1. interrupted once its temporary output exists
+    let opts = |c: &memtrace_merge::Cancel| MergeOptions {
+        cancel: c.clone(),
+        keep_duplicates: true,
+        ..Default::default()
+    };
+    // 1. cancelled once its temporary output exists, while another merge runs
+    let cancel = memtrace_merge::Cancel::new();
     let watcher = {
-        let d = d.clone();
+        let (d, cancel) = (d.clone(), cancel.clone());
         std::thread::spawn(move || {
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(60) {
                 if writing_in("self", &d) {
-                    INTERRUPT.store(true, Ordering::SeqCst);
+                    cancel.cancel();
                     return true;
                 }
                 std::thread::sleep(Duration::from_micros(200));
@@ -1566,23 +1572,29 @@ fn an_interrupted_merge_leaves_nothing() {
             false
         })
     };
+    let running = {
+        let (inputs, out2) = (inputs.clone(), other.path().join("merged.ctf"));
+        std::thread::spawn(move || {
+            merge(&inputs, &out2, &opts(&memtrace_merge::Cancel::new())).map(|r| r.allocs)
+        })
+    };
     let t = Instant::now();
-    let r = merge(&inputs, &out, &MergeOptions::default());
+    let r = merge(&inputs, &out, &opts(&cancel));
     let took = t.elapsed();
     let seen = watcher.join().unwrap();
-    INTERRUPT.store(false, Ordering::SeqCst);
     assert!(seen, "no temporary output seen");
-    let e = r.expect_err("the merge was interrupted");
-    assert!(e.to_string().contains("interrupted"), "{e}");
+    let e = r.expect_err("the merge was cancelled");
+    assert!(matches!(e, Error::Cancelled), "{e}");
     assert_eq!(listing(&d), Vec::<String>::new(), "left behind");
-    println!("interrupted after {took:?}");
-    // 2. interrupted before it starts
-    INTERRUPT.store(true, Ordering::SeqCst);
-    let r = merge(&inputs, &out, &MergeOptions::default());
-    INTERRUPT.store(false, Ordering::SeqCst);
-    assert!(r.is_err());
+    println!("cancelled after {took:?}");
+    let allocs = running.join().unwrap().unwrap();
+    // (each file once, however often named)
+    assert_eq!(allocs, 231_910, "the other merge");
+    // 2. cancelled before it starts
+    let r = merge(&inputs, &out, &opts(&cancel));
+    assert!(matches!(r, Err(Error::Cancelled)), "{:?}", r.err());
     assert_eq!(listing(&d), Vec::<String>::new());
-    // 3. and once the flag is down again, the same merge completes
+    // 3. with a handle of its own, the same merge completes
     let r = merge(&inputs[..1], &out, &MergeOptions::default()).unwrap();
     assert_eq!(r.allocs, 231_910);
     assert_eq!(listing(&d), vec!["merged.ctf".to_string()]);

@@ -461,8 +461,25 @@ let test_duplicate_trace () =
     "first warning %s"
     (Option.value r.first_warning ~default:"none")
 
+(* Two merges in one process cancel apart: one given a handle set is cancelled (no output),
+   the other, in another thread at the same time, completes. *)
+let test_cancel () =
+  let d = fresh "cancel" in
+  let out_a = Filename.concat d "a.ctf" and out_b = Filename.concat d "b.ctf" in
+  let ca = M.Cancel.create () and cb = M.Cancel.create () in
+  M.Cancel.cancel ca;
+  let result = ref None in
+  let other = Thread.create (fun () -> result := Some (M.merge ~cancel:cb ~output:out_b fork)) () in
+  let _ = expect_error M.Cancelled (fun () -> M.merge ~cancel:ca ~output:out_a fork) in
+  Thread.join other;
+  check (not (exists out_a)) "no output after a cancelled merge";
+  match !result with
+  | Some r -> check_int "the other merge's allocs" r.allocs 231910
+  | None -> fail "the other merge did not return"
+
 let tests =
   [
+    ("two merges cancel apart", test_cancel);
     ("input reports name their files", test_report_names_each_file);
     ("a pipe as an input", test_pipe_input);
     ("a copy of a trace is merged once", test_duplicate_trace);

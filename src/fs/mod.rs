@@ -93,7 +93,7 @@ impl TempOutput {
             committed: false,
         };
         if let Some(f) = unnamed
-            .then(|| crate::ffi::create_unnamed(&t.dir))
+            .then(|| crate::sys::create_unnamed(&t.dir))
             .flatten()
         {
             return Ok((t, f));
@@ -118,7 +118,7 @@ impl TempOutput {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 // (named as the caller gave it: the temporary's name is ours)
-                Err(e) => return Err(Error::io(&self.target, "create output", e)),
+                Err(e) => return Err(Error::output(&self.target, "create output", e)),
             }
         }
         Err(self.names_taken())
@@ -135,7 +135,7 @@ impl TempOutput {
     }
 
     fn names_taken(&self) -> Error {
-        Error::io(
+        Error::output(
             &self.target,
             "create a temporary file beside it",
             std::io::Error::new(std::io::ErrorKind::AlreadyExists, "100 names taken"),
@@ -147,7 +147,7 @@ impl TempOutput {
     fn name_unnamed(&mut self, f: &mut File, sync: bool) -> Result<()> {
         for attempt in 0..100u32 {
             let tmp = self.temp_name(attempt);
-            match crate::ffi::link_unnamed(f, &tmp) {
+            match crate::sys::link_unnamed(f, &tmp) {
                 Ok(()) => {
                     pending(&tmp, true);
                     self.tmp = Some(tmp);
@@ -161,7 +161,7 @@ impl TempOutput {
                     f.rewind()
                         .and_then(|_| std::io::copy(f, &mut copy))
                         .and_then(|_| if sync { copy.sync_all() } else { Ok(()) })
-                        .map_err(|e| Error::io(&at, "copy output", e))?;
+                        .map_err(|e| Error::output(&at, "copy output", e))?;
                     return Ok(());
                 }
             }
@@ -173,13 +173,13 @@ impl TempOutput {
     pub(crate) fn commit(mut self, mut f: File, sync: bool) -> Result<()> {
         if sync {
             f.sync_all()
-                .map_err(|e| Error::io(&self.target, "sync output", e))?;
+                .map_err(|e| Error::output(&self.target, "sync output", e))?;
         }
         let existing = std::fs::symlink_metadata(&self.target);
         if self.tmp.is_none() {
             // Nothing at the target: the file is given its name in one step (a link,
             // which fails rather than replace what appeared there since).
-            if existing.is_err() && crate::ffi::link_unnamed(&f, &self.target).is_ok() {
+            if existing.is_err() && crate::sys::link_unnamed(&f, &self.target).is_ok() {
                 self.committed = true;
                 return Ok(());
             }
@@ -191,7 +191,7 @@ impl TempOutput {
         // name (renamed over, it would cost a write-out of the new file on ext4); anything
         // else, or where exchanging fails, is renamed over.
         if existing.is_ok_and(|m| m.is_file())
-            && crate::ffi::exchange_paths(&tmp, &self.target).is_ok()
+            && crate::sys::exchange_paths(&tmp, &self.target).is_ok()
         {
             self.committed = true;
             // (the old output, which is not an input: that was refused before)
@@ -199,7 +199,7 @@ impl TempOutput {
             return Ok(());
         }
         std::fs::rename(&tmp, &self.target)
-            .map_err(|e| Error::io(&self.target, "rename output", e))?;
+            .map_err(|e| Error::output(&self.target, "rename output", e))?;
         self.committed = true;
         Ok(())
     }
@@ -267,7 +267,7 @@ pub(crate) fn resolve_output(output: &Path, force: bool) -> Result<Target> {
     for _ in 0..40 {
         match std::fs::symlink_metadata(&p) {
             Ok(m) if m.file_type().is_symlink() => {
-                let t = std::fs::read_link(&p).map_err(|e| Error::io(&p, "read link", e))?;
+                let t = std::fs::read_link(&p).map_err(|e| Error::output(&p, "read link", e))?;
                 let t = match p.parent() {
                     Some(d) if t.is_relative() => d.join(t),
                     _ => t,
@@ -306,10 +306,10 @@ pub(crate) fn resolve_output(output: &Path, force: bool) -> Result<Target> {
                         given.display(),
                         dir.display()
                     ))),
-                    Err(e) => Err(Error::io(given, "create output", e)),
+                    Err(e) => Err(Error::output(given, "create output", e)),
                 };
             }
-            Err(e) => return Err(Error::io(given, "stat output", e)),
+            Err(e) => return Err(Error::output(given, "stat output", e)),
         }
     }
     Err(Error::Usage(format!(
@@ -339,13 +339,13 @@ impl Target {
                     .write(true)
                     .truncate(true)
                     .open(p)
-                    .map_err(|e| Error::io(p, "open output", e))?;
+                    .map_err(|e| Error::output(p, "open output", e))?;
                 Ok((Sink(None), f))
             }
             Target::Stdout => {
                 use std::os::fd::AsFd;
                 let f = (std::io::stdout().as_fd().try_clone_to_owned())
-                    .map_err(|e| Error::io("<stdout>", "open output", e))?;
+                    .map_err(|e| Error::output("<stdout>", "open output", e))?;
                 Ok((Sink(None), File::from(f)))
             }
         }
@@ -388,7 +388,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        if way != "named" && crate::ffi::create_unnamed(d).is_none() {
+        if way != "named" && crate::sys::create_unnamed(d).is_none() {
             println!("no unnamed files in {}: {way} is not tested", d.display());
             return;
         }
@@ -415,7 +415,7 @@ mod tests {
             // (unnamed: nothing new in the directory while it is written)
             assert_eq!(names(d) == before, way != "named", "{way}");
             if way == "elsewhere" {
-                f = crate::ffi::create_unnamed(shm).unwrap();
+                f = crate::sys::create_unnamed(shm).unwrap();
             }
             f.write_all(text).unwrap();
             tmp.commit(f, false).unwrap();
@@ -425,10 +425,10 @@ mod tests {
         std::fs::write(&b, b"old b").unwrap();
         #[cfg(target_os = "linux")]
         {
-            crate::ffi::exchange_paths(&a, &b).unwrap();
+            crate::sys::exchange_paths(&a, &b).unwrap();
             assert_eq!(std::fs::read(&a).unwrap(), b"old b");
             assert_eq!(std::fs::read(&b).unwrap(), b"old a");
-            assert!(crate::ffi::exchange_paths(&a, &d.join("none")).is_err());
+            assert!(crate::sys::exchange_paths(&a, &d.join("none")).is_err());
         }
         // a file, and another name of it
         std::fs::hard_link(&a, d.join("a2")).unwrap();

@@ -9,7 +9,6 @@ use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes of a spooled input held in memory before the rest goes to a temporary file.
 const IN_MEMORY: u64 = 64 << 20;
@@ -28,44 +27,44 @@ pub(crate) fn needs_spool(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
-/// Read all of `path` into a spool; `interrupt` set stops the reading (waiting for a FIFO's
+/// Read all of `path` into a spool; `cancel` set stops the reading (waiting for a FIFO's
 /// writer is ended by the command line's watchdog instead).
-pub(crate) fn spool(path: &Path, interrupt: &AtomicBool) -> Result<Spool> {
-    spool_with_bound(path, interrupt, IN_MEMORY)
+pub(crate) fn spool(path: &Path, cancel: &crate::Cancel) -> Result<Spool> {
+    spool_with_bound(path, cancel, IN_MEMORY)
 }
 
-fn spool_with_bound(path: &Path, interrupt: &AtomicBool, in_memory_bound: u64) -> Result<Spool> {
-    let mut src = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let mut file = crate::ffi::memory_file("memtrace-merge input")
-        .map_err(|e| Error::io(path, "spool (memory file)", e))?;
+fn spool_with_bound(path: &Path, cancel: &crate::Cancel, in_memory_bound: u64) -> Result<Spool> {
+    let mut src = File::open(path).map_err(|e| Error::input(path, "open", e))?;
+    let mut file = crate::sys::memory_file("memtrace-merge input")
+        .map_err(|e| Error::input(path, "spool (memory file)", e))?;
     let mut in_memory = true;
     let mut total = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        if interrupt.load(Ordering::Relaxed) {
-            return Err(Error::Usage("merge interrupted; no output written".into()));
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
         }
         let n = match src.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io(path, "read", e)),
+            Err(e) => return Err(Error::input(path, "read", e)),
         };
         if in_memory && total + n as u64 > in_memory_bound {
             // (past the bound: what memory holds moves to a temporary file, and the rest)
             let mut disk = temporary_file(&std::env::temp_dir())
-                .map_err(|e| Error::io(path, "spool (temporary file)", e))?;
+                .map_err(|e| Error::input(path, "spool (temporary file)", e))?;
             file.seek(SeekFrom::Start(0))
                 .and_then(|_| std::io::copy(&mut file, &mut disk))
-                .map_err(|e| Error::io(path, "spool", e))?;
+                .map_err(|e| Error::input(path, "spool", e))?;
             file = disk;
             in_memory = false;
         }
         file.write_all(&buf[..n])
-            .map_err(|e| Error::io(path, "spool", e))?;
+            .map_err(|e| Error::input(path, "spool", e))?;
         total += n as u64;
     }
-    let path = crate::ffi::reopen_path(&file);
+    let path = crate::sys::reopen_path(&file);
     Ok(Spool { _file: file, path })
 }
 
@@ -131,7 +130,7 @@ mod tests {
             let (mut child, out) = piped(&data);
             let p = PathBuf::from(format!("/proc/self/fd/{}", out.as_raw_fd()));
             assert!(needs_spool(&p));
-            let s = spool_with_bound(&p, &AtomicBool::new(false), bound).unwrap();
+            let s = spool_with_bound(&p, &crate::Cancel::new(), bound).unwrap();
             child.wait().unwrap();
             // (read again, and again: whole each time)
             for _ in 0..2 {
@@ -145,8 +144,10 @@ mod tests {
     fn an_interrupt_stops_the_spooling() {
         let (mut child, out) = piped(b"abc");
         let p = PathBuf::from(format!("/proc/self/fd/{}", out.as_raw_fd()));
-        let e = spool(&p, &AtomicBool::new(true)).err().unwrap();
-        assert!(e.to_string().contains("interrupted"), "{e}");
+        let cancel = crate::Cancel::new();
+        cancel.cancel();
+        let e = spool(&p, &cancel).err().unwrap();
+        assert!(matches!(e, Error::Cancelled), "{e}");
         drop(out);
         child.wait().unwrap();
     }

@@ -107,10 +107,6 @@ fn remap_misses(
     }
 }
 
-/// Set (e.g. from a SIGINT handler) to make a running merge stop with an error; the
-/// temporary output is removed and nothing is written at the output path.
-pub static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// What to do when inputs were sampled at different rates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RateMismatch {
@@ -144,6 +140,9 @@ pub struct MergeOptions {
     /// Merge every input, even one that holds what another holds (a copy of a trace, or
     /// an earlier merge of the same traces), which is otherwise merged once.
     pub keep_duplicates: bool,
+    /// Cancels the merge when set (from another thread): it then returns
+    /// [`Error::Cancelled`], leaving no output.
+    pub cancel: crate::Cancel,
     /// Flush the output to disk before renaming it into place, so that it survives a power
     /// loss (a few milliseconds). Without it the output is still never seen half-written.
     pub fsync: bool,
@@ -264,7 +263,7 @@ fn expand_inputs_from(
         }
         if p.is_dir() {
             let mut v: Vec<PathBuf> = Vec::new();
-            let entries = std::fs::read_dir(p).map_err(|e| Error::io(p, "read directory", e))?;
+            let entries = std::fs::read_dir(p).map_err(|e| Error::input(p, "read directory", e))?;
             for q in entries.filter_map(|e| e.ok().map(|e| e.path())) {
                 if q.extension().is_none_or(|x| x != "ctf") {
                     continue;
@@ -530,7 +529,7 @@ fn warn_input(st: &mut InputState, msg: String) {
 
 /// A reader of `source`, which messages name `name` (a spooled pipe by its own name).
 fn open_as(source: &Path, name: &Path) -> Result<Reader<File>> {
-    let f = File::open(source).map_err(|e| Error::io(name, "open", e))?;
+    let f = File::open(source).map_err(|e| Error::input(name, "open", e))?;
     Reader::new(f, &name.display().to_string())
 }
 
@@ -861,6 +860,9 @@ fn prepare_inputs(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Res
     if output.as_os_str().is_empty() {
         return Err(Error::Usage("empty output path".into()));
     }
+    if opts.cancel.is_cancelled() {
+        return Err(Error::Cancelled);
+    }
     if opts.pid == Some(0) {
         return Err(Error::Usage(
             "pid 0 is not a process id: give a positive pid, or none to keep the first input's"
@@ -894,7 +896,7 @@ fn prepare_inputs(inputs: &[PathBuf], output: &Path, opts: &MergeOptions) -> Res
             )));
         }
         if crate::fs::spool::needs_spool(p) {
-            let s = crate::fs::spool::spool(p, &INTERRUPT)?;
+            let s = crate::fs::spool::spool(p, &opts.cancel)?;
             sources.push(s.path.clone());
             spools.push(s);
             continue;
@@ -1229,7 +1231,7 @@ fn merge_attempt(
     // on two CPUs. Else on this one (see [`OutputFile::here`]).
     let out = if cpus > threads + 1 || (cpus > 1 && !encoded_ahead) {
         OutputFile::on_thread(file, Some(placement))
-            .map_err(|e| Error::io(output, "start writing", e))?
+            .map_err(|e| Error::output(output, "start writing", e))?
     } else {
         OutputFile::here(file)
     };
@@ -1252,6 +1254,7 @@ fn merge_attempt(
 
     let show_progress = opts.progress && std::io::stderr().is_terminal();
     let mut progress = Progress {
+        cancel: opts.cancel.clone(),
         show: show_progress,
         started,
         last: started,
@@ -1307,7 +1310,9 @@ fn merge_attempt(
         }
     }
     let (out, wstats) = w.finish_with_stats()?;
-    let file = out.finish().map_err(|e| Error::io(output, "write", e))?;
+    let file = out
+        .finish()
+        .map_err(|e| Error::output(output, "write", e))?;
     sink.commit(file, opts.fsync)?;
 
     let info_rate = min_rate;
@@ -1364,6 +1369,8 @@ fn merge_attempt(
 
 /// Where a merge stands, for its progress line on stderr.
 struct Progress {
+    /// the merge's, polled with the progress
+    cancel: crate::Cancel,
     show: bool,
     started: Instant,
     last: Instant,
@@ -1583,8 +1590,8 @@ fn merge_streams(
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {
-                if INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err(Error::Usage("merge interrupted; no output written".into()));
+                if progress.cancel.is_cancelled() {
+                    return Err(Error::Cancelled);
                 }
                 if progress.show && nevents.is_multiple_of(65536) {
                     let now = Instant::now();

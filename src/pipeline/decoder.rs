@@ -776,7 +776,7 @@ fn decode_all(
         let mut rep = DecodeReport::default();
         let reader = pool
             .open(&s.path)
-            .map_err(|e| crate::error::Error::io(&s.name, "open", e))
+            .map_err(|e| crate::error::Error::input(&s.name, "open", e))
             .and_then(|f| Reader::new(f, &s.name.display().to_string()));
         let reader = match reader {
             Ok(mut r) => {

@@ -70,16 +70,9 @@ impl FilePool {
     }
 }
 
-/// The soft limit on open files, read from /proc/self/limits (1024 when unknown).
+/// The soft limit of open files of this process (`RLIMIT_NOFILE`).
 pub fn open_files_limit() -> usize {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(1024)
+    crate::sys::open_files_limit()
 }
 
 /// A file that holds a descriptor only while the pool allows it; reopened and re-seeked on

@@ -9,7 +9,7 @@
 //! pinning all three threads. The merging thread itself (the caller's) is never
 //! restricted: only the helpers, only within the CPUs they were given, while they run.
 
-use crate::ffi::{current_cpu, keep_off, this_thread, CpuSet};
+use crate::sys::{current_cpu, keep_off, this_thread, CpuSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -81,7 +81,7 @@ impl Drop for Helper {
 mod tests {
     use super::*;
 
-    use crate::ffi::allowed_cpus as allowed_now;
+    use crate::sys::allowed_cpus as allowed_now;
 
     /// The CPUs this thread may run on and a placement made here, or None on a machine of
     /// one CPU (where there is nothing to keep off).

@@ -489,11 +489,11 @@ pub fn copy_file(
     }
     // (a pipe is read once into a spool: a copy may read it again, a domain at a time)
     let spooled = crate::fs::spool::needs_spool(input)
-        .then(|| crate::fs::spool::spool(input, &crate::merge::INTERRUPT))
+        .then(|| crate::fs::spool::spool(input, &crate::Cancel::new()))
         .transpose()?;
     let name = input;
     let input = spooled.as_ref().map_or(input, |s| s.path.as_path());
-    let f = std::fs::File::open(input).map_err(|e| Error::io(name, "open", e))?;
+    let f = std::fs::File::open(input).map_err(|e| Error::input(name, "open", e))?;
     let mut r = Reader::new(f, &name.display().to_string())?;
     let version = version.unwrap_or(r.info().version.max(2));
     if version < 3 && r.info().version >= 3 && crate::reader::scan_domains(input)?.len() > 1 {
@@ -538,7 +538,7 @@ pub fn copy_file(
     };
     let f = out
         .into_inner()
-        .map_err(|e| Error::io(output, "write", e.into_error()))?;
+        .map_err(|e| Error::output(output, "write", e.into_error()))?;
     tmp.commit(f, false)?;
     Ok(warnings.iter().map(|w| w.to_string()).collect())
 }

@@ -88,7 +88,7 @@ pub fn dump<R: Read, W: Write>(
     let v3 = reader.info().version >= 3;
     let mut frames = FrameFormatter::default();
     let mut line = Vec::with_capacity(1 << 16);
-    let wr = |e: std::io::Error| Error::io("<stdout>", "write", e);
+    let wr = |e: std::io::Error| Error::output("<stdout>", "write", e);
     loop {
         let next = reader.next_with_locations();
         let (ev, table) = match next {

@@ -173,7 +173,7 @@ pub fn summarize_file(path: impl AsRef<Path>) -> Result<Summary> {
     let path = path.as_ref();
     let mut r = Reader::open(path)?;
     let mut s = summarize(&mut r)?;
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
+    let meta = std::fs::metadata(path).map_err(|e| Error::input(path, "stat", e))?;
     s.file_size = meta.len();
     Ok(s)
 }

@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
     memset(per, 0xff, sizeof per);
     MemtraceMergeReport r;
     memset(&r, 0xff, sizeof r);
+    r.struct_size = sizeof r;
     r.inputs = per;
     r.inputs_capacity = 6;
     s = memtrace_merge(inputs, 5, out, NULL, &r, err, sizeof err);
@@ -139,6 +140,21 @@ int main(int argc, char **argv) {
     s = memtrace_merge(inputs, 5, out3, &o, NULL, NULL, 0);
     CHECK(!is_error(s), "merge with options, NULL report and errbuf: %s", name(s));
     CHECK(file_size(out3) > 0, "output %s exists", out3);
+  }
+
+  /* A cancel flag set: the merge stops, nothing is written. */
+  {
+    char *out_c = join(tmp, "cancelled.ctf");
+    int flag = 1;
+    MemtraceMergeOptions o = {0};
+    o.struct_size = sizeof o;
+    o.cancel = &flag;
+    MemtraceMergeStatus s = memtrace_merge(inputs, 5, out_c, &o, NULL, err, sizeof err);
+    CHECK(s == MEMTRACE_MERGE_STATUS_CANCELLED, "cancelled merge: %s (%s)", name(s), err);
+    CHECK(file_size(out_c) < 0, "no output %s after a cancelled merge", out_c);
+    flag = 0;
+    s = memtrace_merge(inputs, 5, out_c, &o, NULL, err, sizeof err);
+    CHECK(!is_error(s) && file_size(out_c) > 0, "the flag down again: %s", name(s));
   }
 
   /* Thinning or refusing inputs sampled at different rates. */

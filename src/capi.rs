@@ -1,261 +1,13 @@
-//! The C ABI of the merge (`memtrace_merge()` and its option, report and status types), used by
-//! C programs and the OCaml bindings; the crate's only `unsafe` code. Header: include/memtrace_merge.h.
+//! The C ABI of the merge (`memtrace_merge()` and its option, report and status types), used
+//! by C programs and the OCaml bindings. Header: include/memtrace_merge.h (cbindgen).
 
-use crate::error::Error;
-use crate::merge::{self, InputReport, MergeOptions, MergeReport, RateMismatch};
+use crate::error::{Error, Side};
+use crate::merge::{InputReport, MergeOptions, MergeReport, RateMismatch};
 use std::any::Any;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-
-/// Make SIGINT and SIGTERM stop a running merge cleanly: the handler only sets
-/// [`merge::INTERRUPT`], which the merge polls; it then removes its temporary file and
-/// returns an error, so nothing is left at the output path. For the command line (a
-/// library must not take over its host's signals).
-/// Whatever it is blocked on (a FIFO with no writer yet, a full pipe), a merge not stopped
-/// [`INTERRUPT_GRACE`] after the signal is ended by a watchdog thread: it removes the
-/// process's named temporary files and exits with status 130.
-pub fn install_interrupt_handler() {
-    extern "C" fn on_signal(_: c_int) {
-        merge::INTERRUPT.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    let handler: extern "C" fn(c_int) = on_signal;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
-    }
-    std::thread::spawn(|| loop {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        if merge::INTERRUPT.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(INTERRUPT_GRACE);
-            crate::fs::remove_pending_temporaries();
-            if first_to_report_interrupt() {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "memtrace-merge: interrupted; no output written"
-                );
-            }
-            std::process::exit(130);
-        }
-    });
-}
-
-/// How long an interrupted merge has to stop by itself.
-pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// True for the first caller only: who says that the merge was interrupted.
-pub fn first_to_report_interrupt() -> bool {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    !SAID.swap(true, std::sync::atomic::Ordering::SeqCst)
-}
-
-/// Make a write past the file size limit (`ulimit -f`) fail with an error (EFBIG) that the
-/// merge reports, naming its output, rather than kill the process with SIGXFSZ. For the
-/// command line, as [`install_interrupt_handler`].
-pub fn ignore_file_size_signal() {
-    // SAFETY: setting a signal's disposition to SIG_IGN runs no code of ours.
-    unsafe {
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
-}
-
-/// Let a write to a closed pipe end the process quietly (SIGPIPE's default action), as it
-/// ends `cat`, rather than fail every later write. For the command line, as
-/// [`install_interrupt_handler`].
-pub fn default_broken_pipe_signal() {
-    // SAFETY: restoring a signal's default disposition runs no code of ours.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// A file of no name in memory (Linux `memfd_create`).
-pub(crate) fn memory_file(name: &str) -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    let name = std::ffi::CString::new(name)
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: name is NUL-terminated; a descriptor returned is fresh and owned by the File.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor that nothing else owns.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-}
-
-/// The path that opens `f` again, with an offset of its own (Linux `/proc/self/fd/N`).
-pub(crate) fn reopen_path(f: &std::fs::File) -> PathBuf {
-    use std::os::fd::AsRawFd;
-    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
-}
-
-/// A path as the system takes it (no NUL inside).
-#[cfg(target_os = "linux")]
-fn c_path(p: &Path) -> std::io::Result<std::ffi::CString> {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
-}
-
-/// A system call's result: 0 is `Ok`, anything else the error in `errno`.
-#[cfg(target_os = "linux")]
-fn os_result(r: libc::c_int) -> std::io::Result<()> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Swap two paths in one step (Linux `renameat2` with `RENAME_EXCHANGE`): how a finished
-/// output takes the place of an existing file. Renamed over it instead, ext4 first starts
-/// writing the whole new file out (its guard for files replaced by rename), 50-100 ms for
-/// a 100 MB output. `Err` where the system or file system cannot exchange.
-#[cfg(target_os = "linux")]
-pub(crate) fn exchange_paths(a: &Path, b: &Path) -> std::io::Result<()> {
-    let (a, b) = (c_path(a)?, c_path(b)?);
-    // SAFETY: both are NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    os_result(r)
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn exchange_paths(_: &Path, _: &Path) -> std::io::Result<()> {
-    Err(std::io::ErrorKind::Unsupported.into())
-}
-
-/// A new file without a name in directory `dir` (Linux `O_TMPFILE`), to be given one by
-/// [`link_unnamed`]; `None` where the system or file system has no such files, or no
-/// `/proc/self/fd` to link them through.
-#[cfg(target_os = "linux")]
-pub(crate) fn create_unnamed(dir: &Path) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if !Path::new("/proc/self/fd").is_dir() {
-        return None;
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir)
-        .ok()
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn create_unnamed(_: &Path) -> Option<std::fs::File> {
-    None
-}
-
-/// Give a file made by [`create_unnamed`] the name `to` (`linkat` of its `/proc/self/fd`
-/// link); `Err` of kind `AlreadyExists` when `to` is taken.
-#[cfg(target_os = "linux")]
-pub(crate) fn link_unnamed(f: &std::fs::File, to: &Path) -> std::io::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    let from = c_path(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))?;
-    let to = c_path(to)?;
-    // SAFETY: both are NUL-terminated strings that outlive the call.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    os_result(r)
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn link_unnamed(_: &std::fs::File, _: &Path) -> std::io::Result<()> {
-    Err(std::io::ErrorKind::Unsupported.into())
-}
-
-/// A set of CPUs, as `sched_setaffinity` takes it.
-#[cfg(target_os = "linux")]
-#[derive(Clone, Copy)]
-pub(crate) struct CpuSet(libc::cpu_set_t);
-
-/// The calling thread's kernel id and the CPUs it may run on (None where unknown).
-#[cfg(target_os = "linux")]
-pub(crate) fn this_thread() -> Option<(i32, CpuSet)> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set, which sched_getaffinity fills for
-    // the calling thread (0) within its size; gettid takes nothing.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        let r = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-        let tid = libc::syscall(libc::SYS_gettid) as i32;
-        (r == 0 && tid > 0).then_some((tid, CpuSet(set)))
-    }
-}
-
-/// The CPU the calling thread is running on, if the kernel says.
-#[cfg(target_os = "linux")]
-pub(crate) fn current_cpu() -> Option<usize> {
-    // SAFETY: takes nothing, returns a CPU number or -1.
-    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
-}
-
-/// Let thread `tid` (of this process, alive) run on the CPUs of `allowed` but `cpu`; left
-/// as it is when that would leave none. Best effort: an error changes nothing.
-#[cfg(target_os = "linux")]
-pub(crate) fn keep_off(tid: i32, allowed: &CpuSet, cpu: usize) {
-    let mut set = allowed.0;
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return;
-    }
-    // SAFETY: `cpu` is below CPU_SETSIZE, so CPU_ISSET and CPU_CLR stay within the set;
-    // sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
-    unsafe {
-        if !libc::CPU_ISSET(cpu, &set) {
-            return;
-        }
-        libc::CPU_CLR(cpu, &mut set);
-        if libc::CPU_COUNT(&set) > 0 {
-            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    }
-}
-
-/// (Tests) the CPUs the calling thread may run on.
-#[cfg(all(test, target_os = "linux"))]
-pub(crate) fn allowed_cpus() -> Vec<usize> {
-    let Some((_, set)) = this_thread() else {
-        return Vec::new();
-    };
-    // SAFETY: every index is below CPU_SETSIZE, within the set.
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set.0) })
-        .collect()
-}
-
-#[cfg(not(target_os = "linux"))]
-#[derive(Clone, Copy)]
-pub(crate) struct CpuSet;
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn this_thread() -> Option<(i32, CpuSet)> {
-    None
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn current_cpu() -> Option<usize> {
-    None
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn keep_off(_: i32, _: &CpuSet, _: usize) {}
 
 /// `MemtraceMergeOptions.format`: format 2 when every input is at most 2, else 3.
 pub const MEMTRACE_MERGE_FORMAT_AUTO: u32 = 0;
@@ -291,6 +43,8 @@ pub enum MemtraceMergeStatus {
     /// A fault of the library (a Rust panic was caught, a thread could not start);
     /// `errbuf` says what.
     InternalError = 5,
+    /// The merge was cancelled (`MemtraceMergeOptions.cancel`); nothing was written.
+    Cancelled = 6,
 }
 
 /// Options of a merge. All zero (`MemtraceMergeOptions o = {0};`) means the defaults, as does
@@ -298,6 +52,9 @@ pub enum MemtraceMergeStatus {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct MemtraceMergeOptions {
+    /// `sizeof(MemtraceMergeOptions)`, or 0: which version of this struct the caller has
+    /// (later versions add fields at the end, read only when this says they are there).
+    pub struct_size: usize,
     /// Output format: `MEMTRACE_MERGE_FORMAT_AUTO` (0), `_V2` (2) or `_V3` (3).
     pub format: u32,
     /// `MEMTRACE_MERGE_RATE_THIN` (0) or `MEMTRACE_MERGE_RATE_FAIL` (1).
@@ -313,6 +70,11 @@ pub struct MemtraceMergeOptions {
     /// The merged trace's context (NUL-terminated); NULL: the first input's, or a description
     /// of the merge. The bytes are taken as they are (need not be UTF-8).
     pub context: *const c_char,
+    /// NULL, or an `int` that cancels the merge once non-zero (set it from another thread
+    /// with an atomic store, e.g. `__atomic_store_n(&flag, 1, __ATOMIC_RELAXED)`): the
+    /// merge stops within milliseconds and returns `MEMTRACE_MERGE_STATUS_CANCELLED`. It
+    /// must stay valid until the call returns.
+    pub cancel: *const c_int,
 }
 
 /// What happened to one input (one file: a directory argument gives one per `*.ctf` file).
@@ -398,6 +160,8 @@ fn c_name(name: &[u8]) -> [c_char; 256] {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct MemtraceMergeReport {
+    /// In: `sizeof(MemtraceMergeReport)`, or 0 (see `MemtraceMergeOptions.struct_size`).
+    pub struct_size: usize,
     /// In: caller-owned array for per-input reports, or NULL.
     pub inputs: *mut MemtraceMergeInputReport,
     /// In: number of elements of `inputs`.
@@ -476,7 +240,7 @@ pub unsafe extern "C" fn memtrace_merge(
         report,
         errbuf,
         errbuf_len,
-        merge::merge,
+        crate::merge::merge,
     )
 }
 
@@ -490,6 +254,7 @@ pub extern "C" fn memtrace_merge_status_string(status: c_int) -> *const c_char {
         3 => b"INPUT_ERROR: an input could not be read or merged\0",
         4 => b"OUTPUT_ERROR: the output could not be written\0",
         5 => b"INTERNAL_ERROR: fault in memtrace_merge (a bug, or a thread that could not start)\0",
+        6 => b"CANCELLED: the merge was cancelled; nothing was written\0",
         _ => b"unknown status\0",
     };
     s.as_ptr().cast()
@@ -542,13 +307,18 @@ where
             (std::ptr::null_mut(), 0)
         } else {
             let r = &mut *report;
+            check_size(
+                r.struct_size,
+                std::mem::size_of::<MemtraceMergeReport>(),
+                "report",
+            )?;
             let caller_array = (r.inputs, r.inputs_capacity);
             *r = empty_report(caller_array.0, caller_array.1);
             caller_array
         };
         let args = parse_args(inputs, n_inputs, output, options)?;
         let merged = merge_fn(&args.inputs, &args.output, &args.options).map_err(|e| Failure {
-            status: classify(&e, &args.inputs, &args.output),
+            status: classify(&e),
             message: e.to_string(),
         })?;
         let per_input = input_reports(&merged, &args.inputs);
@@ -581,6 +351,7 @@ where
 /// A report with only the caller's array fields set.
 fn empty_report(inputs: *mut MemtraceMergeInputReport, capacity: usize) -> MemtraceMergeReport {
     MemtraceMergeReport {
+        struct_size: std::mem::size_of::<MemtraceMergeReport>(),
         inputs,
         inputs_capacity: capacity,
         n_inputs: 0,
@@ -629,13 +400,6 @@ unsafe fn parse_args(
     } else {
         convert_options(&*options)?
     };
-    if let Some(i) = paths.iter().position(|p| same_file(p, &output)) {
-        return Err(bad(format!(
-            "memtrace_merge: output {} is also input {} (inputs[{i}]): refusing to overwrite an input",
-            output.display(),
-            paths[i].display()
-        )));
-    }
     Ok(Args {
         inputs: paths,
         output,
@@ -652,7 +416,41 @@ fn default_options() -> MergeOptions {
     }
 }
 
+/// A `struct_size` field: 0 or the size of this version of the struct.
+fn check_size(size: usize, want: usize, what: &str) -> Result<(), Failure> {
+    if size == 0 || size == want {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "memtrace_merge: {what}.struct_size is {size}, not {want}: built against another \
+         version of memtrace_merge.h"
+    )))
+}
+
+/// A C caller's cancel flag, read while the merge runs (valid until it returns).
+struct CancelFlag(*const c_int);
+
+// SAFETY: the caller keeps the flag valid for the call and writes it atomically (documented
+// on `MemtraceMergeOptions.cancel`); it is only read, atomically.
+unsafe impl Send for CancelFlag {}
+// SAFETY: as for Send: shared reads of an atomic int.
+unsafe impl Sync for CancelFlag {}
+
+impl CancelFlag {
+    fn is_set(&self) -> bool {
+        // SAFETY: see the impls above; an int is aligned for an AtomicI32.
+        unsafe { std::sync::atomic::AtomicI32::from_ptr(self.0 as *mut i32) }
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 0
+    }
+}
+
 unsafe fn convert_options(o: &MemtraceMergeOptions) -> Result<MergeOptions, Failure> {
+    check_size(
+        o.struct_size,
+        std::mem::size_of::<MemtraceMergeOptions>(),
+        "options",
+    )?;
     let format = match o.format {
         MEMTRACE_MERGE_FORMAT_AUTO => None,
         MEMTRACE_MERGE_FORMAT_V2 => Some(2),
@@ -685,6 +483,12 @@ unsafe fn convert_options(o: &MemtraceMergeOptions) -> Result<MergeOptions, Fail
         skip_bad_inputs: o.skip_bad_inputs != 0,
         pid: if o.pid == 0 { None } else { Some(o.pid) },
         context,
+        cancel: if o.cancel.is_null() {
+            crate::Cancel::new()
+        } else {
+            let flag = CancelFlag(o.cancel);
+            crate::Cancel::polling(move || flag.is_set())
+        },
         ..default_options()
     })
 }
@@ -713,68 +517,15 @@ fn path_of_bytes(b: &[u8]) -> Option<PathBuf> {
 }
 
 /// Whether two paths name the same file: equal, or (when both exist) the same inode.
-fn same_file(a: &Path, b: &Path) -> bool {
-    if a == b {
-        return true;
+/// The status of a merge error, by the side it is about ([`Error::side`]).
+fn classify(e: &Error) -> MemtraceMergeStatus {
+    match (e, e.side()) {
+        (Error::Usage(_), _) => MemtraceMergeStatus::BadArguments,
+        (Error::Cancelled, _) => MemtraceMergeStatus::Cancelled,
+        (_, Some(Side::Output)) => MemtraceMergeStatus::OutputError,
+        (_, Some(Side::Input)) => MemtraceMergeStatus::InputError,
+        _ => MemtraceMergeStatus::InternalError,
     }
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        #[cfg(unix)]
-        (Ok(ma), Ok(mb)) => {
-            use std::os::unix::fs::MetadataExt;
-            ma.dev() == mb.dev() && ma.ino() == mb.ino()
-        }
-        #[cfg(not(unix))]
-        (Ok(_), Ok(_)) => matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y),
-        _ => false,
-    }
-}
-
-/// The status of a merge error: a usage error is the caller's; an I/O error on the output, its
-/// temporary file or its directory is an output error; anything else is about an input.
-fn classify(e: &Error, inputs: &[PathBuf], output: &Path) -> MemtraceMergeStatus {
-    match e {
-        Error::Usage(_) => MemtraceMergeStatus::BadArguments,
-        Error::Internal(_) => MemtraceMergeStatus::InternalError,
-        Error::Io { path, .. } if is_output_side(path, inputs, output) => {
-            MemtraceMergeStatus::OutputError
-        }
-        Error::Malformed { .. } | Error::Io { .. } | Error::Write(_) | Error::Incompatible(_) => {
-            MemtraceMergeStatus::InputError
-        }
-    }
-}
-
-fn is_output_side(path: &Path, inputs: &[PathBuf], output: &Path) -> bool {
-    let out_dir = dir_of(output);
-    if path == output || path == out_dir {
-        return true;
-    }
-    if inputs.iter().any(|i| i == path) {
-        return false;
-    }
-    if dir_of(path) != out_dir && !same_existing_dir(dir_of(path), out_dir) {
-        return false;
-    }
-    // Beside the output: its temporary file, unless the output sits in an input directory
-    // and the file is not named after the output.
-    let in_input_dir = inputs.iter().any(|i| path.starts_with(i));
-    let named_after_output = match (path.file_name(), output.file_name()) {
-        (Some(p), Some(o)) => p.to_string_lossy().contains(&*o.to_string_lossy()),
-        _ => false,
-    };
-    !in_input_dir || named_after_output
-}
-
-/// The directory of a path ("." for a bare file name).
-fn dir_of(p: &Path) -> &Path {
-    match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    }
-}
-
-fn same_existing_dir(a: &Path, b: &Path) -> bool {
-    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 fn totals(
@@ -937,6 +688,7 @@ mod tests {
 
     fn zero_options() -> MemtraceMergeOptions {
         MemtraceMergeOptions {
+            struct_size: 0,
             format: 0,
             on_rate_mismatch: 0,
             seed: 0,
@@ -944,6 +696,7 @@ mod tests {
             skip_bad_inputs: 0,
             pid: 0,
             context: null(),
+            cancel: null(),
         }
     }
 
@@ -1010,10 +763,12 @@ mod tests {
         std::fs::write(&f, b"data").unwrap();
         let a = CString::new(f.to_str().unwrap()).unwrap();
         let same = CString::new(format!("{}/./t.ctf", dir.path().display())).unwrap();
-        let o = call(&[a.as_ptr()], 1, a.as_ptr(), None);
-        assert_bad(o, "refusing to overwrite");
-        let o = call(&[a.as_ptr()], 1, same.as_ptr(), None);
-        assert_bad(o, "refusing to overwrite");
+        // (refused by the merge itself, a usage error)
+        let real = |out: *const c_char| {
+            call_with([a.as_ptr()].as_ptr(), 1, out, None, crate::merge::merge)
+        };
+        assert_bad(real(a.as_ptr()), "refusing to overwrite");
+        assert_bad(real(same.as_ptr()), "refusing to overwrite");
         assert_eq!(std::fs::read(&f).unwrap(), b"data");
     }
 
@@ -1023,6 +778,7 @@ mod tests {
         let out = CString::new("out.ctf").unwrap();
         let ctx = CString::new("ctx \u{e9}").unwrap();
         let o = MemtraceMergeOptions {
+            struct_size: std::mem::size_of::<MemtraceMergeOptions>(),
             format: 3,
             on_rate_mismatch: 1,
             seed: 42,
@@ -1030,6 +786,7 @@ mod tests {
             skip_bad_inputs: 1,
             pid: 99,
             context: ctx.as_ptr(),
+            cancel: null(),
         };
         let (status, msg) = call_with(
             [a.as_ptr()].as_ptr(),
@@ -1084,34 +841,43 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_classified() {
-        let ins = vec![PathBuf::from("dir/a.ctf"), PathBuf::from("in")];
-        let io = |p: &str| {
-            Error::io(
-                p,
-                "open",
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            )
+    fn errors_are_classified_by_their_side() {
+        let io = |side| {
+            let e = std::io::Error::from(std::io::ErrorKind::NotFound);
+            match side {
+                Side::Input => Error::input("in/a.ctf", "open", e),
+                _ => Error::output("out/o.ctf", "create output", e),
+            }
         };
-        let c = |e: Error, out: &str| classify(&e, &ins, Path::new(out));
         use MemtraceMergeStatus::*;
-        assert_eq!(c(io("dir/a.ctf"), "out/o.ctf"), InputError);
-        assert_eq!(c(io("in/x.ctf"), "out/o.ctf"), InputError);
-        assert_eq!(c(io("out/o.ctf"), "out/o.ctf"), OutputError);
-        assert_eq!(c(io("out/.o.ctf.tmp42"), "out/o.ctf"), OutputError);
-        assert_eq!(c(io("out"), "out/o.ctf"), OutputError);
-        assert_eq!(c(io("o.ctf.tmp"), "o.ctf"), OutputError);
-        // Output beside an input: the input is still an input.
-        assert_eq!(c(io("dir/a.ctf"), "dir/o.ctf"), InputError);
-        // Output in an input directory: only files named after it are the output's.
-        assert_eq!(c(io("in/b.ctf"), "in/o.ctf"), InputError);
-        assert_eq!(c(io("in/o.ctf.tmp"), "in/o.ctf"), OutputError);
-        assert_eq!(c(Error::Usage("u".into()), "o"), BadArguments);
-        assert_eq!(c(Error::Incompatible("i".into()), "o"), InputError);
-        assert_eq!(c(Error::Write("w".into()), "o"), InputError);
-        assert_eq!(c(Error::Internal("p".into()), "o"), InternalError);
+        assert_eq!(classify(&io(Side::Input)), InputError);
+        assert_eq!(classify(&io(Side::Output)), OutputError);
+        assert_eq!(classify(&Error::Usage("u".into())), BadArguments);
+        assert_eq!(classify(&Error::Incompatible("i".into())), InputError);
+        assert_eq!(classify(&Error::Write("w".into())), OutputError);
+        assert_eq!(classify(&Error::Internal("p".into())), InternalError);
+        assert_eq!(classify(&Error::Cancelled), Cancelled);
         let m = Error::malformed("dir/a.ctf", 4, Some(0), crate::Malformed::BadMagic(0));
-        assert_eq!(c(m, "o"), InputError);
+        assert_eq!(classify(&m), InputError);
+    }
+
+    #[test]
+    fn a_struct_of_another_size_is_refused() {
+        let a = CString::new("a.ctf").unwrap();
+        let out = CString::new("out.ctf").unwrap();
+        let o = MemtraceMergeOptions {
+            struct_size: 8,
+            ..zero_options()
+        };
+        let (status, msg) = call_with(
+            [a.as_ptr()].as_ptr(),
+            1,
+            out.as_ptr(),
+            Some(&o),
+            |_, _, _| Ok(MergeReport::default()),
+        );
+        assert_eq!(status, MemtraceMergeStatus::BadArguments);
+        assert!(msg.contains("options.struct_size is 8"), "{msg}");
     }
 
     #[test]
@@ -1119,7 +885,7 @@ mod tests {
         let a = CString::new("missing.ctf").unwrap();
         let out = CString::new("/tmp/out.ctf").unwrap();
         let (status, msg) = call_with([a.as_ptr()].as_ptr(), 1, out.as_ptr(), None, |_, _, _| {
-            Err(Error::io(
+            Err(Error::input(
                 "missing.ctf",
                 "open",
                 std::io::Error::from(std::io::ErrorKind::NotFound),
@@ -1279,7 +1045,7 @@ mod tests {
 
     #[test]
     fn status_strings_and_version() {
-        for s in 0..=5 {
+        for s in 0..=6 {
             let t = unsafe { CStr::from_ptr(memtrace_merge_status_string(s)) }
                 .to_str()
                 .unwrap();
@@ -1291,7 +1057,7 @@ mod tests {
             ))
         };
         assert!(ok.to_str().unwrap().starts_with("OK_WITH_WARNINGS"));
-        for s in [-1, 6, c_int::MAX] {
+        for s in [-1, 7, c_int::MAX] {
             let t = unsafe { CStr::from_ptr(memtrace_merge_status_string(s)) };
             assert_eq!(t.to_str().unwrap(), "unknown status");
         }
