@@ -1,226 +1,22 @@
 //! Decoding the merge's inputs ahead of it on worker threads: each stream (an input, or one
 //! domain of a format-3 input) is read into batches of events and the locations they define.
 
-use crate::format::backtrace::CacheWriter;
-use crate::format::buf::WriteBuf;
-use crate::format::event::{AllocSource, LocationCode};
-use crate::format::location::LocationList;
-use crate::merge::Warnings;
+pub(crate) use super::batch::{
+    order_key, Batch, Ev, Timed, BATCH_EVENTS, BATCH_EVENTS_AHEAD, FIRST_BATCH_EVENTS, WIDE_LENGTH,
+    WIDE_SAMPLES,
+};
+use super::fill::fill;
+pub(crate) use super::fill::{Encoder, TAG_FRAME, THINNED_OUT};
 use crate::pipeline::files::FilePool;
 use crate::pipeline::placement::Placement;
-use crate::pipeline::share::{Share, ShareOf};
-use crate::reader::{EventSink, Reader};
+use crate::pipeline::share::ShareOf;
+use crate::reader::Reader;
 use crate::thin::Thinner;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-
-/// One event of a batch, at its time. (32 bytes, two to a cache line: the merging thread
-/// reads every one decoded on another core, and the fewer cache lines they take, the
-/// sooner.)
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timed {
-    pub time: u64,
-    pub ev: Ev,
-}
-
-/// An event of a batch. An allocation's backtrace is the previous allocation's (of the
-/// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
-/// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
-/// `enc`, for `new` frames (`new` is [`THINNED_OUT`], and nothing encoded, for one that
-/// thinning leaves out). `length` is [`WIDE_LENGTH`] and `nsamples` [`WIDE_SAMPLES`] when
-/// the value is that or more, and then the batch's next entry in `wide` (the length first).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Ev {
-    Alloc {
-        id: u64,
-        length: u32,
-        keep: u32,
-        new: u32,
-        nsamples: u16,
-        source: AllocSource,
-    },
-    Promote {
-        id: u64,
-    },
-    Collect {
-        id: u64,
-    },
-}
-
-const _: () = assert!(std::mem::size_of::<Timed>() == 32);
-
-/// An allocation's `length` that stands for the batch's next entry in `wide`.
-pub(crate) const WIDE_LENGTH: u32 = u32::MAX;
-/// An allocation's `nsamples` that stands for the batch's next entry in `wide`.
-pub(crate) const WIDE_SAMPLES: u16 = u16::MAX;
-
-impl Timed {
-    /// Its place in the merged order, given its stream's bits of [`order_key`].
-    #[inline(always)]
-    pub fn key(&self, stream_bits: u128) -> u128 {
-        let rank = match self.ev {
-            Ev::Alloc { .. } => 0,
-            Ev::Promote { .. } => 1,
-            Ev::Collect { .. } => 2,
-        };
-        order_key(self.time, 0, rank, 0) | stream_bits
-    }
-}
-
-/// Events of one stream, in its order, with the stream's own location codes.
-#[derive(Default)]
-pub(crate) struct Batch {
-    pub evs: Vec<Timed>,
-    /// The lengths and sample counts too wide for their fields in [`Ev::Alloc`], in order.
-    pub wide: Vec<u64>,
-    pub frames: Vec<LocationCode>,
-    /// The input's cache entry of each frame: hints for the output's encoder, whose cache
-    /// often places a code where the input's did.
-    pub slots: Vec<u16>,
-    /// Codes defined by location events, each with the index of the event it precedes.
-    pub locs: Vec<(u32, LocationCode, LocationList)>,
-    /// A stream encoded ahead: each allocation's codewords after their length (a u32, its
-    /// top bit set when the backtrace had to be cut to fit a packet).
-    pub enc: WriteBuf,
-    /// Where in `enc` a code is sent whole (a miss), and the code.
-    pub misses: Vec<(u32, LocationCode)>,
-    /// The stream has no events after this batch.
-    pub last: bool,
-    /// Its allocations come encoded in `enc` (the stream is in a share: whichever thread
-    /// filled the batch encoded it with the stream's [`Encoder`]); else as kept and new
-    /// frames.
-    pub encoded: bool,
-    /// Frames the batch held before it was last cleared.
-    frames_used: usize,
-}
-
-/// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
-const CUT: u32 = 1 << 31;
-
-impl Batch {
-    /// The encoding whose length word is at `head` in `enc`: where its codewords are, and
-    /// whether its backtrace had to be cut.
-    pub fn encoding(&self, head: usize) -> (std::ops::Range<usize>, bool) {
-        let b = self.enc.bytes();
-        let word = u32::from_le_bytes([b[head], b[head + 1], b[head + 2], b[head + 3]]);
-        let start = head + 4;
-        (start..start + (word & !CUT) as usize, word & CUT != 0)
-    }
-
-    /// A batch with room for `events` events and their frames, so that filling it does
-    /// not grow (copy and fault in) its vectors step by step.
-    fn with_capacity(events: usize) -> Batch {
-        Batch {
-            evs: Vec::with_capacity(events),
-            wide: Vec::new(),
-            // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
-            // room for the last backtrace's new frames, pages touched only when used: with
-            // 256, fork/'s batches grew 21 times, each a copy into new pages, and its merge
-            // took 1.7% more time (2,115 page faults rather than 1,876))
-            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
-            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
-            locs: Vec::new(),
-            enc: WriteBuf::with_capacity(0),
-            misses: Vec::new(),
-            last: false,
-            encoded: false,
-            frames_used: 0,
-        }
-    }
-
-    /// Write over the room for events (and codewords) of a batch the merging thread let go
-    /// of, in one pass before filling it. Its cache lines are in the merging thread's core;
-    /// taken back one by one as events are added, each is a wait that the decoding thread
-    /// cannot hide when the host places the two vCPUs apart (a round trip between them of
-    /// ~330 ns rather than ~60): its work then took 2.5 times as long. Taken back in one
-    /// pass, merges in such phases took 15-25% less (fork/ 45 -> 38 ms, a 0.1-scale
-    /// synthetic set encoded ahead 101 -> 72 ms), and the same when the vCPUs are close;
-    /// taking back the frames' room as well, fork/ 4% less again (36.3 -> 34.8 ms).
-    fn take_back(&mut self) {
-        const BLANK: Timed = Timed {
-            time: 0,
-            ev: Ev::Collect { id: 0 },
-        };
-        // (the batch is empty: `Decoder::recycle` cleared it)
-        self.evs.resize(self.evs.capacity(), BLANK);
-        self.evs.clear();
-        // (a share's codewords: a few bytes' room in a batch of frames)
-        self.enc.clear_and_zero();
-        // (and the frames' as far as the last fill went: deep stacks fill them all)
-        let n = self.frames_used;
-        self.frames.resize(n, LocationCode(0));
-        self.frames.clear();
-        self.slots.resize(n, 0);
-        self.slots.clear();
-    }
-
-    fn clear(&mut self) {
-        self.frames_used = self.frames.len();
-        self.evs.clear();
-        self.wide.clear();
-        self.frames.clear();
-        self.slots.clear();
-        self.locs.clear();
-        self.enc.clear();
-        self.misses.clear();
-        self.last = false;
-        self.encoded = false;
-    }
-}
-
-/// The encoder of a stream in its share of an output domain's cache ([`crate::pipeline::share`]),
-/// kept with the stream's decoding state: whichever thread fills a batch of the stream
-/// encodes it, and the bytes do not depend on which: an encoding depends on the stream's
-/// own earlier backtraces only.
-pub(crate) struct Encoder {
-    /// Its share of the domain's cache; None for a stream alone in its output domain
-    /// (format 3), encoded in the whole cache as the merging thread would, after the
-    /// frames it keeps of its previous backtrace (see [`StreamSpec::solo`]).
-    pub share: Option<Share>,
-    /// Its share's entries (the rest of these tables is unused); alone, the domain's.
-    pub tables: CacheWriter,
-    /// Alone: the hints of the new frames (the encoder sets them).
-    solo_hints: Vec<u16>,
-    /// Allocations encoded so far (each encoding's date in the cache).
-    pub allocs: i64,
-    /// For a tagged process: the backtrace as encoded, [`TAG_FRAME`] first, and the
-    /// input's cache entry of each frame (0 for the tag, which has none).
-    tagged: Option<(Vec<LocationCode>, Vec<u16>)>,
-    /// For a thinned input: the merging thread's draws, made again in the same order (the
-    /// input's allocations, one stream), to leave out of the share the allocations that
-    /// thinning leaves out of the merge.
-    thinner: Option<Thinner>,
-    /// The positions of the share's path (its last encoded backtrace) that every
-    /// backtrace left out since has kept (`usize::MAX` when none was left out).
-    kept: usize,
-}
-
-/// An allocation's `new` in a batch encoded ahead when thinning left it out: nothing of it
-/// was encoded (see [`Encoder::thinner`]).
-pub(crate) const THINNED_OUT: u32 = u32::MAX;
-
-/// The root frame of a tagged process's backtraces, as its share encodes them: no input
-/// code (an OCaml int, whose top two bits are equal) has this value, so the tag never
-/// shares an entry with one of the input's frames. The merging thread writes the input's
-/// tag code over it where it is sent whole (the stream's remap).
-pub(crate) const TAG_FRAME: LocationCode = LocationCode(0xa000_0000_0000_7a90);
-
-impl Encoder {
-    fn new(of: Option<ShareOf>, tagged: bool, thinner: Option<Thinner>) -> Encoder {
-        Encoder {
-            share: of.map(Share::new),
-            tables: CacheWriter::default(),
-            solo_hints: Vec::new(),
-            allocs: 0,
-            tagged: tagged.then(|| (vec![TAG_FRAME], vec![0])),
-            thinner,
-            kept: usize::MAX,
-        }
-    }
-}
 
 /// What to read: an input's file, and the domain (format 3) of this stream.
 pub(crate) struct StreamSpec {
@@ -266,10 +62,6 @@ pub(crate) struct DecodeReport {
     /// A stream of the input stopped at an error before its end.
     pub stopped_at_error: bool,
 }
-
-/// The room one encoding made ahead may take: a packet's, but for its header and the
-/// allocation's fields.
-pub(crate) const ENCODING_ROOM: usize = crate::format::packet::MAX_PACKET_SIZE - 512;
 
 /// A stream's decoded batches, and whether the consumer sleeps waiting for one (only then
 /// is it signalled: a condvar signal is a system call even when nobody waits).
@@ -349,26 +141,6 @@ pub(crate) struct Hooks {
     /// finding the stream it needs being filled, fills other streams' batches ahead.
     pub hold: Duration,
 }
-
-/// Events per batch (fewer with many streams). Small batches keep the memory touched, and
-/// so the page faults, down: 1,024 measured fastest on the fork traces (4,096 took 20%
-/// longer, mostly in the kernel), until the merging thread kept to one stream when it
-/// fills ahead and wrote the output itself on two CPUs; then 2,048, paired with 1,024 in
-/// turns: fork/ 0.90 and 0.955 (40 pairs each), the 94 MB synthetic set 0.956-0.979
-/// (24-30 pairs, three runs), the 78 MB set 1.04 then 0.99, the deep set 1.00; peak RSS
-/// 1 MB more (11.5 MB).
-const BATCH_EVENTS: usize = 2048;
-/// Events per batch where backtraces are encoded ahead, the decoding threads' work per
-/// event the most: half the handoffs between the threads. Paired with 2,048 in turns on
-/// a faster machine (2026-12-02): the 94 MB set 0.940, 0.975, 0.979 (24-30 pairs), the
-/// 78 MB set 0.987, the deep set 0.995 (20 each); peak RSS 11.2 -> 12.8 MB. (fork/, not
-/// encoded ahead, 1.011: it keeps 2,048.)
-const BATCH_EVENTS_AHEAD: usize = 4096;
-/// Events in a stream's first batch: the merge can start once every stream has one.
-const FIRST_BATCH_EVENTS: usize = 64;
-/// A batch ends early once it holds this many frames (deep backtraces). 8,192 rather than
-/// 16,384: the merge of fork/ touches 25% fewer pages and takes ~5% less CPU.
-const BATCH_FRAMES: usize = 8_192;
 
 /// Batches queued per stream ahead of the consumer.
 const DEPTH: usize = 4;
@@ -678,21 +450,21 @@ impl Drop for Decoder {
     }
 }
 
-struct DecState {
-    reader: Option<Reader<crate::pipeline::files::LazyFile>>,
+pub(crate) struct DecState {
+    pub(crate) reader: Option<Reader<crate::pipeline::files::LazyFile>>,
     /// the stream's input, and what was learned about it reading this stream
-    input: usize,
-    rep: DecodeReport,
-    bt_valid: bool,
+    pub(crate) input: usize,
+    pub(crate) rep: DecodeReport,
+    pub(crate) bt_valid: bool,
     /// Its encoder (a stream in a share).
-    enc: Option<Box<Encoder>>,
+    pub(crate) enc: Option<Box<Encoder>>,
     /// Batches filled so far.
-    seq: u64,
-    done: bool,
+    pub(crate) seq: u64,
+    pub(crate) done: bool,
     /// no batch filled yet (the first is small, so that the merge starts sooner)
-    first: bool,
+    pub(crate) first: bool,
     /// bytes of this reader already added to the shared count
-    counted: u64,
+    pub(crate) counted: u64,
 }
 
 /// (Tests) batches a thread filled as the merging thread.
@@ -880,228 +652,17 @@ fn decode_all(
         .collect()
 }
 
-/// Where an event goes in the merged order, as one number: by time, then by input (in the
-/// order given), then allocations before promotions before collections (so that an object
-/// collected by another domain of its input in the same microsecond still comes after its
-/// allocation), then by stream. The low 32 bits are the stream's index.
-/// A stream's own events are never reordered: only its next one competes.
-pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u128 {
-    ((time as u128) << 64) | ((input as u128) << 34) | ((rank as u128) << 32) | stream as u128
+/// Warnings about one input, each said once (at most 1,000 kept).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Warnings {
+    pub list: Vec<String>,
+    seen: std::collections::HashSet<String>,
 }
 
-/// A batch being filled by the reader, with the stream's state.
-struct Filler<'a> {
-    b: &'a mut Batch,
-    bt_valid: &'a mut bool,
-    enc: Option<&'a mut Encoder>,
-}
-
-impl Filler<'_> {
-    /// Add an allocation to the batch (`keep` and `new` as [`Ev::Alloc`] says).
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn push_alloc(
-        &mut self,
-        time: u64,
-        id: u64,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-        keep: u32,
-        new: u32,
-    ) {
-        let length = narrow(length, WIDE_LENGTH, &mut self.b.wide);
-        let nsamples = narrow(nsamples, WIDE_SAMPLES, &mut self.b.wide);
-        self.b.evs.push(Timed {
-            time,
-            ev: Ev::Alloc {
-                id,
-                length,
-                nsamples,
-                source,
-                keep,
-                new,
-            },
-        });
-    }
-}
-
-/// `v` in a narrower field, or `wide` (and `v` pushed on `wides`) when it is that or does
-/// not fit.
-#[inline(always)]
-fn narrow<T: TryFrom<u64> + PartialEq + Copy>(v: u64, wide: T, wides: &mut Vec<u64>) -> T {
-    match T::try_from(v) {
-        Ok(n) if n != wide => n,
-        _ => {
-            wides.push(v);
-            wide
+impl Warnings {
+    pub fn push(&mut self, msg: String) {
+        if self.seen.len() < 1000 && self.seen.insert(msg.clone()) {
+            self.list.push(msg);
         }
-    }
-}
-
-impl EventSink for Filler<'_> {
-    #[inline]
-    fn location(&mut self, code: LocationCode, locs: &LocationList) {
-        self.b
-            .locs
-            .push((self.b.evs.len() as u32, code, locs.clone()));
-    }
-
-    #[inline]
-    fn alloc(
-        &mut self,
-        time: u64,
-        id: u64,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-        common_prefix: u64,
-        backtrace: &[LocationCode],
-        slots: &[u16],
-    ) {
-        let valid = *self.bt_valid;
-        let keep = if valid {
-            (common_prefix as usize).min(backtrace.len())
-        } else {
-            0
-        };
-        *self.bt_valid = true;
-        // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
-        let (first, second) = if let Some(e) = &mut self.enc {
-            let Encoder {
-                share,
-                tables,
-                solo_hints,
-                allocs,
-                tagged,
-                thinner,
-                kept,
-            } = &mut **e;
-            // (a tagged process's: the tag, then the reader's backtrace, whose first `keep`
-            // frames are the last one's)
-            let (frames, hints, keep) = match tagged {
-                Some((f, h)) => {
-                    f.truncate(1 + keep);
-                    f.extend_from_slice(&backtrace[keep..]);
-                    h.truncate(1 + keep);
-                    h.extend_from_slice(slots.get(keep..).unwrap_or_default());
-                    h.resize(f.len(), 0);
-                    (&f[..], &h[..], if valid { 1 + keep } else { 0 })
-                }
-                None => (backtrace, slots, keep),
-            };
-            if thinner
-                .as_mut()
-                .is_some_and(|t| t.keep(nsamples) == 0 && nsamples > 0)
-            {
-                // left out: the next encoding keeps of the path only what this one kept
-                *kept = keep.min(*kept);
-                return self.push_alloc(time, id, length, nsamples, source, 0, THINNED_OUT);
-            }
-            let keep = keep.min(std::mem::replace(kept, usize::MAX));
-            let enc = &mut self.b.enc;
-            let head = enc.len();
-            enc.u32(0);
-            let misses = &mut self.b.misses;
-            *allocs += 1;
-            // (the frames the output keeps of the previous backtrace, then the encoding)
-            let (common, (ncodes, done)) = match share {
-                Some(share) => (
-                    0,
-                    share.encode(
-                        tables,
-                        enc,
-                        *allocs,
-                        frames,
-                        hints,
-                        keep,
-                        head + 4 + ENCODING_ROOM,
-                        |i, at| misses.push((at as u32, frames[i])),
-                    ),
-                ),
-                None => {
-                    // alone in the domain: the new frames, after the `keep` of the last one
-                    enc.u32(keep as u32);
-                    solo_hints.clear();
-                    solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
-                    let limit = enc.len() + ENCODING_ROOM;
-                    let new = &frames[keep..];
-                    let on_miss = |i, at: usize| misses.push((at as u32, new[i]));
-                    let encoded =
-                        tables.encode_hinted(enc, *allocs, new, solo_hints, limit, on_miss);
-                    (keep, encoded)
-                }
-            };
-            let len = enc.len() - head - 4;
-            let cut = if common + done < frames.len() { CUT } else { 0 };
-            enc.set_u32(head, len as u32 | cut);
-            (ncodes, done)
-        } else {
-            self.b.frames.extend_from_slice(&backtrace[keep..]);
-            crate::format::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
-            (keep, backtrace.len() - keep)
-        };
-        self.push_alloc(
-            time,
-            id,
-            length,
-            nsamples,
-            source,
-            first as u32,
-            second as u32,
-        );
-    }
-
-    #[inline]
-    fn promote(&mut self, time: u64, id: u64) {
-        self.b.evs.push(Timed {
-            time,
-            ev: Ev::Promote { id },
-        });
-    }
-
-    #[inline]
-    fn collect(&mut self, time: u64, id: u64) {
-        self.b.evs.push(Timed {
-            time,
-            ev: Ev::Collect { id },
-        });
-    }
-
-    #[inline]
-    fn full(&self) -> bool {
-        self.b.frames.len() >= BATCH_FRAMES || self.b.enc.len() >= 8 * BATCH_FRAMES
-    }
-}
-
-/// Decode up to `n` events of a stream into `b` (encoding its backtraces with the stream's
-/// encoder, if it is in a share).
-fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
-    b.encoded = s.enc.is_some();
-    let Some(r) = s.reader.as_mut() else {
-        b.last = true;
-        return;
-    };
-    let mut sink = Filler {
-        b,
-        bt_valid: &mut s.bt_valid,
-        enc: s.enc.as_deref_mut(),
-    };
-    match r.read_events(&mut sink, n) {
-        Ok(true) => {}
-        Ok(false) => b.last = true,
-        Err(e) => {
-            s.rep
-                .warnings
-                .push(format!("stopped reading after an error: {e}"));
-            s.rep.stopped_at_error = true;
-            b.last = true;
-        }
-    }
-    for w in r.take_warnings() {
-        s.rep.warnings.push(w.to_string());
-    }
-    if b.last {
-        r.get_ref().close();
     }
 }

@@ -1,0 +1,193 @@
+//! The batch: a stream's events as decoded ahead, with the frames, locations and (encoded
+//! ahead) codewords they need, written by the filling thread and read by the merging one.
+
+use crate::format::buf::WriteBuf;
+use crate::format::event::{AllocSource, LocationCode};
+use crate::format::location::LocationList;
+
+/// One event of a batch, at its time. (32 bytes, two to a cache line: the merging thread
+/// reads every one decoded on another core, and the fewer cache lines they take, the
+/// sooner.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timed {
+    pub time: u64,
+    pub ev: Ev,
+}
+
+/// An event of a batch. An allocation's backtrace is the previous allocation's (of the
+/// same stream) first `keep` frames followed by `new` frames from the batch's frame list;
+/// in a stream encoded ahead ([`StreamSpec::share`]) it is `keep` codewords in the batch's
+/// `enc`, for `new` frames (`new` is [`THINNED_OUT`], and nothing encoded, for one that
+/// thinning leaves out). `length` is [`WIDE_LENGTH`] and `nsamples` [`WIDE_SAMPLES`] when
+/// the value is that or more, and then the batch's next entry in `wide` (the length first).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ev {
+    Alloc {
+        id: u64,
+        length: u32,
+        keep: u32,
+        new: u32,
+        nsamples: u16,
+        source: AllocSource,
+    },
+    Promote {
+        id: u64,
+    },
+    Collect {
+        id: u64,
+    },
+}
+
+const _: () = assert!(std::mem::size_of::<Timed>() == 32);
+
+/// An allocation's `length` that stands for the batch's next entry in `wide`.
+pub(crate) const WIDE_LENGTH: u32 = u32::MAX;
+/// An allocation's `nsamples` that stands for the batch's next entry in `wide`.
+pub(crate) const WIDE_SAMPLES: u16 = u16::MAX;
+
+impl Timed {
+    /// Its place in the merged order, given its stream's bits of [`order_key`].
+    #[inline(always)]
+    pub fn key(&self, stream_bits: u128) -> u128 {
+        let rank = match self.ev {
+            Ev::Alloc { .. } => 0,
+            Ev::Promote { .. } => 1,
+            Ev::Collect { .. } => 2,
+        };
+        order_key(self.time, 0, rank, 0) | stream_bits
+    }
+}
+
+/// Events of one stream, in its order, with the stream's own location codes.
+#[derive(Default)]
+pub(crate) struct Batch {
+    pub evs: Vec<Timed>,
+    /// The lengths and sample counts too wide for their fields in [`Ev::Alloc`], in order.
+    pub wide: Vec<u64>,
+    pub frames: Vec<LocationCode>,
+    /// The input's cache entry of each frame: hints for the output's encoder, whose cache
+    /// often places a code where the input's did.
+    pub slots: Vec<u16>,
+    /// Codes defined by location events, each with the index of the event it precedes.
+    pub locs: Vec<(u32, LocationCode, LocationList)>,
+    /// A stream encoded ahead: each allocation's codewords after their length (a u32, its
+    /// top bit set when the backtrace had to be cut to fit a packet).
+    pub enc: WriteBuf,
+    /// Where in `enc` a code is sent whole (a miss), and the code.
+    pub misses: Vec<(u32, LocationCode)>,
+    /// The stream has no events after this batch.
+    pub last: bool,
+    /// Its allocations come encoded in `enc` (the stream is in a share: whichever thread
+    /// filled the batch encoded it with the stream's [`Encoder`]); else as kept and new
+    /// frames.
+    pub encoded: bool,
+    /// Frames the batch held before it was last cleared.
+    pub(crate) frames_used: usize,
+}
+
+/// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
+pub(crate) const CUT: u32 = 1 << 31;
+
+impl Batch {
+    /// The encoding whose length word is at `head` in `enc`: where its codewords are, and
+    /// whether its backtrace had to be cut.
+    pub fn encoding(&self, head: usize) -> (std::ops::Range<usize>, bool) {
+        let b = self.enc.bytes();
+        let word = u32::from_le_bytes([b[head], b[head + 1], b[head + 2], b[head + 3]]);
+        let start = head + 4;
+        (start..start + (word & !CUT) as usize, word & CUT != 0)
+    }
+
+    /// A batch with room for `events` events and their frames, so that filling it does
+    /// not grow (copy and fault in) its vectors step by step.
+    pub(crate) fn with_capacity(events: usize) -> Batch {
+        Batch {
+            evs: Vec::with_capacity(events),
+            wide: Vec::new(),
+            // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
+            // room for the last backtrace's new frames, pages touched only when used: with
+            // 256, fork/'s batches grew 21 times, each a copy into new pages, and its merge
+            // took 1.7% more time (2,115 page faults rather than 1,876))
+            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
+            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
+            locs: Vec::new(),
+            enc: WriteBuf::with_capacity(0),
+            misses: Vec::new(),
+            last: false,
+            encoded: false,
+            frames_used: 0,
+        }
+    }
+
+    /// Write over the room for events (and codewords) of a batch the merging thread let go
+    /// of, in one pass before filling it. Its cache lines are in the merging thread's core;
+    /// taken back one by one as events are added, each is a wait that the decoding thread
+    /// cannot hide when the host places the two vCPUs apart (a round trip between them of
+    /// ~330 ns rather than ~60): its work then took 2.5 times as long. Taken back in one
+    /// pass, merges in such phases took 15-25% less (fork/ 45 -> 38 ms, a 0.1-scale
+    /// synthetic set encoded ahead 101 -> 72 ms), and the same when the vCPUs are close;
+    /// taking back the frames' room as well, fork/ 4% less again (36.3 -> 34.8 ms).
+    pub(crate) fn take_back(&mut self) {
+        const BLANK: Timed = Timed {
+            time: 0,
+            ev: Ev::Collect { id: 0 },
+        };
+        // (the batch is empty: `Decoder::recycle` cleared it)
+        self.evs.resize(self.evs.capacity(), BLANK);
+        self.evs.clear();
+        // (a share's codewords: a few bytes' room in a batch of frames)
+        self.enc.clear_and_zero();
+        // (and the frames' as far as the last fill went: deep stacks fill them all)
+        let n = self.frames_used;
+        self.frames.resize(n, LocationCode(0));
+        self.frames.clear();
+        self.slots.resize(n, 0);
+        self.slots.clear();
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.frames_used = self.frames.len();
+        self.evs.clear();
+        self.wide.clear();
+        self.frames.clear();
+        self.slots.clear();
+        self.locs.clear();
+        self.enc.clear();
+        self.misses.clear();
+        self.last = false;
+        self.encoded = false;
+    }
+}
+
+/// Where an event goes in the merged order, as one number: by time, then by input (in the
+/// order given), then allocations before promotions before collections (so that an object
+/// collected by another domain of its input in the same microsecond still comes after its
+/// allocation), then by stream. The low 32 bits are the stream's index.
+/// A stream's own events are never reordered: only its next one competes.
+pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u128 {
+    ((time as u128) << 64) | ((input as u128) << 34) | ((rank as u128) << 32) | stream as u128
+}
+
+/// Events per batch (fewer with many streams). Small batches keep the memory touched, and
+/// so the page faults, down: 1,024 measured fastest on the fork traces (4,096 took 20%
+/// longer, mostly in the kernel), until the merging thread kept to one stream when it
+/// fills ahead and wrote the output itself on two CPUs; then 2,048, paired with 1,024 in
+/// turns: fork/ 0.90 and 0.955 (40 pairs each), the 94 MB synthetic set 0.956-0.979
+/// (24-30 pairs, three runs), the 78 MB set 1.04 then 0.99, the deep set 1.00; peak RSS
+/// 1 MB more (11.5 MB).
+pub(crate) const BATCH_EVENTS: usize = 2048;
+/// Events per batch where backtraces are encoded ahead, the decoding threads' work per
+/// event the most: half the handoffs between the threads. Paired with 2,048 in turns on
+/// a faster machine (2026-12-02): the 94 MB set 0.940, 0.975, 0.979 (24-30 pairs), the
+/// 78 MB set 0.987, the deep set 0.995 (20 each); peak RSS 11.2 -> 12.8 MB. (fork/, not
+/// encoded ahead, 1.011: it keeps 2,048.)
+pub(crate) const BATCH_EVENTS_AHEAD: usize = 4096;
+/// Events in a stream's first batch: the merge can start once every stream has one.
+pub(crate) const FIRST_BATCH_EVENTS: usize = 64;
+/// A batch ends early once it holds this many frames (deep backtraces). 8,192 rather than
+/// 16,384: the merge of fork/ touches 25% fewer pages and takes ~5% less CPU.
+pub(crate) const BATCH_FRAMES: usize = 8_192;
+
+/// The room one encoding made ahead may take: a packet's, but for its header and the
+/// allocation's fields.
+pub(crate) const ENCODING_ROOM: usize = crate::format::packet::MAX_PACKET_SIZE - 512;
