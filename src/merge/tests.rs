@@ -1,4 +1,11 @@
+use super::inputs::{describe_merge, Opened};
 use super::*;
+use crate::error::Error;
+use crate::format::event::{DomainId, Timestamp};
+use crate::format::info::TraceInfo;
+use crate::format::location::Location;
+use std::sync::Arc;
+use std::time::Duration;
 use crate::format::event::{AllocSource, LocationCode};
 use crate::writer::{Writer, WriterOptions};
 
