@@ -5,7 +5,7 @@ use super::objects::{
 };
 use super::streams::{merged_misses, Backtrace, Stream};
 use crate::error::{Error, Result};
-use crate::format::event::{LocationCode, Timestamp};
+use crate::format::event::{AllocSource, LocationCode, Timestamp};
 use crate::merge::codes::Codes;
 use crate::pipeline::decoder::{Decoder, Ev, Timed, THINNED_OUT};
 use crate::pipeline::output::OutputFile;
@@ -60,91 +60,16 @@ pub(super) fn merge_streams(
     while let Some(&Reverse(first)) = heap.peek() {
         let i = first as u32 as usize;
         // The stream goes on alone while its events come before every other stream's next.
-        let bound = heap.as_slice()[1..]
-            .iter()
-            .take(2)
+        let bound = (heap.as_slice()[1..].iter().take(2))
             .map(|r| r.0)
             .min()
             .unwrap_or(u128::MAX);
         let s = &mut streams[i];
         let st = &mut states[s.input];
-        let dom = s.out_domain;
-        let tag = st.tag.is_some() as usize;
         loop {
             let Timed { time, ev } = s.batch.evs[s.pos];
-            // Take in the codes the stream defined before this event.
-            while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
-                if *at as usize > s.pos {
-                    break;
-                }
-                let (m, remapped) = codes.map(*code, locs);
-                if remapped {
-                    st.report.remapped_codes += 1;
-                    s.remap.insert(*code, m);
-                }
-                s.loc_pos += 1;
-            }
+            take_in_locations(s, st, codes);
             match ev {
-                Ev::Alloc {
-                    id,
-                    length,
-                    nsamples,
-                    source,
-                    keep: ncodes,
-                    new: nframes,
-                } if s.batch.encoded => {
-                    let (length, nsamples) = s.length_and_samples(length, nsamples);
-                    let kept = st.read_alloc(nsamples);
-                    // (the decoder drew the same, and encoded nothing of one left out)
-                    if kept.is_none() != (nframes == THINNED_OUT) {
-                        return Err(Error::Internal(format!(
-                            "{}: an allocation thinned otherwise when encoded ahead",
-                            st.report.path.display()
-                        )));
-                    }
-                    if let Some(n) = kept {
-                        let (mut at, cut) = s.batch.encoding(s.enc_pos);
-                        if cut {
-                            return Ok(Merged::ShareTooSmall);
-                        }
-                        s.enc_pos = at.end;
-                        let common = if s.solo {
-                            let b = &s.batch.enc.bytes()[at.start..at.start + 4];
-                            at.start += 4;
-                            u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
-                        } else {
-                            0
-                        };
-                        let first = s.miss_pos;
-                        while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < at.end)
-                        {
-                            s.miss_pos += 1;
-                        }
-                        let sent = &s.batch.misses[first..s.miss_pos];
-                        merged_misses(&s.remap, &mut s.batch.enc, sent, &mut missed);
-                        let out_id = w.put_alloc_encoded(
-                            Timestamp(time),
-                            dom,
-                            length,
-                            n,
-                            source,
-                            common,
-                            nframes as usize,
-                            ncodes as usize,
-                            &s.batch.enc.bytes()[at],
-                            &missed,
-                            |c| codes.meanings.get(&c).cloned(),
-                        )?;
-                        st.live.insert(id, out_id.0);
-                        st.report.allocs_written += 1;
-                        st.report.samples_written += n;
-                    } else {
-                        st.live.insert(id, DROPPED);
-                    }
-                    if !st.waiting.is_empty() {
-                        release_waiting(st, w, id, time)?;
-                    }
-                }
                 Ev::Alloc {
                     id,
                     length,
@@ -154,59 +79,21 @@ pub(super) fn merge_streams(
                     new,
                 } => {
                     let (length, nsamples) = s.length_and_samples(length, nsamples);
-                    let keep = tag + keep as usize;
-                    let bt = &mut bts[i];
-                    bt.frames.truncate(keep);
-                    let f = s.frame_pos;
-                    let fresh = &s.batch.frames[f..f + new as usize];
-                    // (the new frames' hints: their entries in the input's cache)
-                    bt.hints.resize(keep, 0);
-                    bt.hints
-                        .extend_from_slice(&s.batch.slots[f..f + new as usize]);
-                    if s.remap.is_empty() {
-                        bt.frames.extend_from_slice(fresh);
-                    } else {
-                        let remap = &s.remap;
-                        bt.frames
-                            .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
-                    }
-                    bt.version += 1;
-                    s.frame_pos += new as usize;
-                    if let Some(n) = st.read_alloc(nsamples) {
-                        let cut_before = w.stats().cut_backtraces;
-                        let resolve = |c| codes.meanings.get(&c).cloned();
-                        // What it shares with the last allocation written in its domain:
-                        // the stream's own common prefix when that was this stream's
-                        // previous one.
-                        let slot = s.out_slot;
-                        let common = match last_written[slot] {
-                            Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
-                            Some((j, v)) if j != i && bts[j].version == v => {
-                                common_prefix(&bts[j].frames, &bts[i].frames)
-                            }
-                            _ => 0,
-                        };
-                        last_written[slot] = Some((i, bts[i].version));
-                        let bt = &mut bts[i];
-                        let out_id = w.put_alloc_hinted(
-                            Timestamp(time),
-                            dom,
-                            length,
-                            n,
-                            source,
-                            common,
-                            &bt.frames[common..],
-                            &mut bt.hints[common..],
-                            resolve,
-                        )?;
-                        if w.stats().cut_backtraces != cut_before {
-                            st.report.cut_backtraces += 1;
+                    let a = AllocEv {
+                        time,
+                        id,
+                        length,
+                        nsamples,
+                        source,
+                        keep,
+                        new,
+                    };
+                    if s.batch.encoded {
+                        if !alloc_encoded(s, st, codes, w, a, &mut missed)? {
+                            return Ok(Merged::ShareTooSmall);
                         }
-                        st.live.insert(id, out_id.0);
-                        st.report.allocs_written += 1;
-                        st.report.samples_written += n;
                     } else {
-                        st.live.insert(id, DROPPED);
+                        alloc_plain(i, s, st, bts, codes, w, &mut last_written, a)?;
                     }
                     if !st.waiting.is_empty() {
                         release_waiting(st, w, id, time)?;
@@ -227,35 +114,11 @@ pub(super) fn merge_streams(
             }
             s.pos += 1;
             if s.pos == s.batch.evs.len() && !s.batch.last {
-                let next = pipe.next_batch(i);
-                pipe.recycle(std::mem::replace(&mut s.batch, next));
-                s.pos = 0;
-                s.frame_pos = 0;
-                s.loc_pos = 0;
-                s.enc_pos = 0;
-                s.miss_pos = 0;
-                s.wide_pos = 0;
+                next_batch(s, i, pipe);
             }
             nevents += 1;
             if nevents.is_multiple_of(4096) {
-                if progress.cancel.is_cancelled() {
-                    return Err(Error::Cancelled);
-                }
-                if progress.show && nevents.is_multiple_of(65536) {
-                    let now = Instant::now();
-                    if now.duration_since(progress.started) > Duration::from_secs(1)
-                        && now.duration_since(progress.last) > Duration::from_millis(250)
-                    {
-                        progress.last = now;
-                        let done = pipe.bytes_read();
-                        let _ = write!(
-                            std::io::stderr(),
-                            "\rmemtrace-merge: {} events, {:.0}%   ",
-                            nevents,
-                            100.0 * (done as f64 / progress.total_bytes.max(1) as f64).min(1.0)
-                        );
-                    }
-                }
+                tick(progress, nevents, pipe)?;
             }
             match s.batch.evs.get(s.pos).map(|t| t.key(s.key_bits)) {
                 Some(next) if next < bound => continue,
@@ -276,4 +139,193 @@ pub(super) fn merge_streams(
         give_up_waiting(st, None);
     }
     Ok(Merged::Done)
+}
+
+/// An allocation of a batch, its length and samples widened.
+#[derive(Clone, Copy)]
+struct AllocEv {
+    time: u64,
+    id: u64,
+    length: u64,
+    nsamples: u64,
+    source: AllocSource,
+    /// frames kept of the stream's previous backtrace (encoded ahead: codewords)
+    keep: u32,
+    /// new frames (encoded ahead: frames, or [`THINNED_OUT`])
+    new: u32,
+}
+
+/// Take in the codes the stream defined before its next event.
+#[inline(always)]
+fn take_in_locations(s: &mut Stream, st: &mut InputState, codes: &mut Codes) {
+    while let Some((at, code, locs)) = s.batch.locs.get(s.loc_pos) {
+        if *at as usize > s.pos {
+            break;
+        }
+        let (m, remapped) = codes.map(*code, locs);
+        if remapped {
+            st.report.remapped_codes += 1;
+            s.remap.insert(*code, m);
+        }
+        s.loc_pos += 1;
+    }
+}
+
+/// An allocation whose backtrace came encoded ahead: its codewords copied, the codes sent
+/// whole in merged codes. False when it did not fit its share (the merge is redone).
+#[inline(always)]
+fn alloc_encoded(
+    s: &mut Stream,
+    st: &mut InputState,
+    codes: &Codes,
+    w: &mut Writer<OutputFile>,
+    a: AllocEv,
+    missed: &mut Vec<LocationCode>,
+) -> Result<bool> {
+    let kept = st.read_alloc(a.nsamples);
+    // (the decoder drew the same, and encoded nothing of one left out)
+    if kept.is_none() != (a.new == THINNED_OUT) {
+        return Err(Error::Internal(format!(
+            "{}: an allocation thinned otherwise when encoded ahead",
+            st.report.path.display()
+        )));
+    }
+    let Some(n) = kept else {
+        st.live.insert(a.id, DROPPED);
+        return Ok(true);
+    };
+    let e = s.batch.encoding(s.enc_pos, s.solo);
+    if e.cut {
+        return Ok(false);
+    }
+    s.enc_pos = e.next;
+    let first = s.miss_pos;
+    while matches!(s.batch.misses.get(s.miss_pos), Some(m) if (m.0 as usize) < e.next) {
+        s.miss_pos += 1;
+    }
+    let sent = &s.batch.misses[first..s.miss_pos];
+    merged_misses(&s.remap, &mut s.batch.enc, sent, missed);
+    let out_id = w.put_alloc_encoded(
+        Timestamp(a.time),
+        s.out_domain,
+        a.length,
+        n,
+        a.source,
+        e.kept,
+        a.new as usize,
+        a.keep as usize,
+        &s.batch.enc.bytes()[e.codewords],
+        missed,
+        |c| codes.meanings.get(&c).cloned(),
+    )?;
+    st.live.insert(a.id, out_id.0);
+    st.report.allocs_written += 1;
+    st.report.samples_written += n;
+    Ok(true)
+}
+
+/// An allocation encoded here: its backtrace (in merged codes) after what it shares with
+/// the last allocation written in its output domain, with the frames' cache hints.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn alloc_plain(
+    i: usize,
+    s: &mut Stream,
+    st: &mut InputState,
+    bts: &mut [Backtrace],
+    codes: &Codes,
+    w: &mut Writer<OutputFile>,
+    last_written: &mut [Option<(usize, u64)>],
+    a: AllocEv,
+) -> Result<()> {
+    let keep = st.tag.is_some() as usize + a.keep as usize;
+    let bt = &mut bts[i];
+    bt.frames.truncate(keep);
+    let f = s.frame_pos;
+    let fresh = &s.batch.frames[f..f + a.new as usize];
+    // (the new frames' hints: their entries in the input's cache)
+    bt.hints.resize(keep, 0);
+    bt.hints
+        .extend_from_slice(&s.batch.slots[f..f + a.new as usize]);
+    if s.remap.is_empty() {
+        bt.frames.extend_from_slice(fresh);
+    } else {
+        let remap = &s.remap;
+        bt.frames
+            .extend(fresh.iter().map(|c| remap.get(c).copied().unwrap_or(*c)));
+    }
+    bt.version += 1;
+    s.frame_pos += a.new as usize;
+    let Some(n) = st.read_alloc(a.nsamples) else {
+        st.live.insert(a.id, DROPPED);
+        return Ok(());
+    };
+    let cut_before = w.stats().cut_backtraces;
+    // What it shares with the last allocation written in its domain: the stream's own
+    // common prefix when that was this stream's previous one.
+    let slot = s.out_slot;
+    let common = match last_written[slot] {
+        Some((j, v)) if j == i && v + 1 == bts[i].version => keep,
+        Some((j, v)) if j != i && bts[j].version == v => {
+            common_prefix(&bts[j].frames, &bts[i].frames)
+        }
+        _ => 0,
+    };
+    last_written[slot] = Some((i, bts[i].version));
+    let bt = &mut bts[i];
+    let out_id = w.put_alloc_hinted(
+        Timestamp(a.time),
+        s.out_domain,
+        a.length,
+        n,
+        a.source,
+        common,
+        &bt.frames[common..],
+        &mut bt.hints[common..],
+        |c| codes.meanings.get(&c).cloned(),
+    )?;
+    if w.stats().cut_backtraces != cut_before {
+        st.report.cut_backtraces += 1;
+    }
+    st.live.insert(a.id, out_id.0);
+    st.report.allocs_written += 1;
+    st.report.samples_written += n;
+    Ok(())
+}
+
+/// The stream's next batch in place of the one it used up (handed back for reuse).
+#[inline(always)]
+fn next_batch(s: &mut Stream, i: usize, pipe: &Decoder) {
+    let next = pipe.next_batch(i);
+    pipe.recycle(std::mem::replace(&mut s.batch, next));
+    s.pos = 0;
+    s.frame_pos = 0;
+    s.loc_pos = 0;
+    s.enc_pos = 0;
+    s.miss_pos = 0;
+    s.wide_pos = 0;
+}
+
+/// Every 4,096 events: the cancel handle asked, the progress line redrawn now and then.
+#[cold]
+#[inline(never)]
+fn tick(progress: &mut Progress, nevents: u64, pipe: &Decoder) -> Result<()> {
+    if progress.cancel.is_cancelled() {
+        return Err(Error::Cancelled);
+    }
+    if progress.show && nevents.is_multiple_of(65536) {
+        let now = Instant::now();
+        if now.duration_since(progress.started) > Duration::from_secs(1)
+            && now.duration_since(progress.last) > Duration::from_millis(250)
+        {
+            progress.last = now;
+            let done = pipe.bytes_read() as f64 / progress.total_bytes.max(1) as f64;
+            let _ = write!(
+                std::io::stderr(),
+                "\rmemtrace-merge: {nevents} events, {:.0}%   ",
+                100.0 * done.min(1.0)
+            );
+        }
+    }
+    Ok(())
 }

@@ -17,6 +17,7 @@ mod core;
 mod inputs;
 pub(crate) mod live;
 mod objects;
+mod plan;
 mod report;
 mod streams;
 

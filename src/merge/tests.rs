@@ -1,13 +1,13 @@
 use super::inputs::{describe_merge, Opened};
 use super::*;
 use crate::error::Error;
+use crate::format::event::{AllocSource, LocationCode};
 use crate::format::event::{DomainId, Timestamp};
 use crate::format::info::TraceInfo;
 use crate::format::location::Location;
+use crate::writer::{Writer, WriterOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use crate::format::event::{AllocSource, LocationCode};
-use crate::writer::{Writer, WriterOptions};
 
 fn data(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

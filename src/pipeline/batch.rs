@@ -88,14 +88,39 @@ pub(crate) struct Batch {
 /// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
 pub(crate) const CUT: u32 = 1 << 31;
 
+/// One backtrace encoded ahead, as its record in [`Batch::enc`] says.
+pub(crate) struct Encoding {
+    /// Where its codewords are in `enc`.
+    pub codewords: std::ops::Range<usize>,
+    /// Where the next record starts.
+    pub next: usize,
+    /// (alone in its output domain) the frames it keeps of the stream's previous backtrace
+    pub kept: usize,
+    /// Its backtrace had to be cut (it did not fit the stream's share).
+    pub cut: bool,
+}
+
 impl Batch {
-    /// The encoding whose length word is at `head` in `enc`: where its codewords are, and
-    /// whether its backtrace had to be cut.
-    pub fn encoding(&self, head: usize) -> (std::ops::Range<usize>, bool) {
+    /// The record at `head` in `enc`: a length word (with [`CUT`]), for a stream alone in
+    /// its output domain (`solo`) the count of frames kept, then the codewords. Written by
+    /// [`crate::pipeline::fill`].
+    #[inline(always)]
+    pub fn encoding(&self, head: usize, solo: bool) -> Encoding {
         let b = self.enc.bytes();
-        let word = u32::from_le_bytes([b[head], b[head + 1], b[head + 2], b[head + 3]]);
-        let start = head + 4;
-        (start..start + (word & !CUT) as usize, word & CUT != 0)
+        let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let len = word(head);
+        let next = head + 4 + (len & !CUT) as usize;
+        let (start, kept) = if solo {
+            (head + 8, word(head + 4) as usize)
+        } else {
+            (head + 4, 0)
+        };
+        Encoding {
+            codewords: start..next,
+            next,
+            kept,
+            cut: len & CUT != 0,
+        }
     }
 
     /// A batch with room for `events` events and their frames, so that filling it does
