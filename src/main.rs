@@ -38,54 +38,7 @@ enum Cmd {
         quiet: bool,
     },
     /// Merge traces (files or directories of .ctf files) into one trace
-    Merge {
-        /// The merged trace to write (never one of the inputs); `-` for stdout; a device or
-        /// FIFO is written through, a symbolic link's target replaced
-        #[arg(short, long)]
-        output: PathBuf,
-        /// Output format: 2 (memtrace <= 0.2, today's viewer) or 3 (OCaml 5 domains);
-        /// default: 2 when every input is format 1-2, else 3
-        #[arg(long, value_parser = clap::value_parser!(u16).range(2..=3))]
-        format: Option<u16>,
-        /// Inputs sampled faster than the slowest: thin them (default) or fail
-        #[arg(long, value_enum, default_value_t = RateArg::Thin)]
-        rate_mismatch: RateArg,
-        /// Seed of the random thinning
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Give every backtrace a root frame naming its process
-        #[arg(long)]
-        tag_processes: bool,
-        /// Leave out unreadable inputs (with a warning) instead of failing
-        #[arg(long)]
-        skip_bad_inputs: bool,
-        /// pid recorded in the merged trace (default: the first input's)
-        #[arg(long)]
-        pid: Option<u64>,
-        /// context string of the merged trace
-        #[arg(long)]
-        context: Option<String>,
-        /// No progress line and no summary (warnings are still printed)
-        #[arg(short, long)]
-        quiet: bool,
-        /// Do not print warnings (a truncated input, thinning, a trace given twice, ...)
-        #[arg(long)]
-        no_warnings: bool,
-        /// Flush the output to disk before renaming it into place (survives a power loss)
-        #[arg(long)]
-        fsync: bool,
-        /// Replace an existing output even if it is read-only
-        #[arg(long)]
-        force: bool,
-        /// Merge a trace that another input already holds (a copy, the same earlier merge)
-        /// as many times as it is given, rather than once
-        #[arg(long)]
-        keep_duplicates: bool,
-        /// Traces: files, or directories whose *.ctf files are taken in name order (but the
-        /// output when it is an earlier merge); a file named twice is merged once
-        #[arg(required = true)]
-        inputs: Vec<PathBuf>,
-    },
+    Merge(MergeArgs),
     /// Check that a merged trace holds exactly the sources' allocations (time, kind,
     /// samples, length, resolved backtrace, promote and collect times)
     Compare {
@@ -115,6 +68,57 @@ enum Cmd {
         #[arg(long)]
         format: Option<u16>,
     },
+}
+
+/// `memtrace-merge merge`'s arguments.
+#[derive(clap::Args)]
+struct MergeArgs {
+    /// The merged trace to write (never one of the inputs); `-` for stdout; a device or
+    /// FIFO is written through, a symbolic link's target replaced
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Output format: 2 (memtrace <= 0.2, today's viewer) or 3 (OCaml 5 domains);
+    /// default: 2 when every input is format 1-2, else 3
+    #[arg(long, value_parser = clap::value_parser!(u16).range(2..=3))]
+    format: Option<u16>,
+    /// Inputs sampled faster than the slowest: thin them (default) or fail
+    #[arg(long, value_enum, default_value_t = RateArg::Thin)]
+    rate_mismatch: RateArg,
+    /// Seed of the random thinning
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Give every backtrace a root frame naming its process
+    #[arg(long)]
+    tag_processes: bool,
+    /// Leave out unreadable inputs (with a warning) instead of failing
+    #[arg(long)]
+    skip_bad_inputs: bool,
+    /// pid recorded in the merged trace (default: the first input's)
+    #[arg(long)]
+    pid: Option<u64>,
+    /// context string of the merged trace
+    #[arg(long)]
+    context: Option<String>,
+    /// No progress line and no summary (warnings are still printed)
+    #[arg(short, long)]
+    quiet: bool,
+    /// Do not print warnings (a truncated input, thinning, a trace given twice, ...)
+    #[arg(long)]
+    no_warnings: bool,
+    /// Flush the output to disk before renaming it into place (survives a power loss)
+    #[arg(long)]
+    fsync: bool,
+    /// Replace an existing output even if it is read-only
+    #[arg(long)]
+    force: bool,
+    /// Merge a trace that another input already holds (a copy, the same earlier merge)
+    /// as many times as it is given, rather than once
+    #[arg(long)]
+    keep_duplicates: bool,
+    /// Traces: files, or directories whose *.ctf files are taken in name order (but the
+    /// output when it is an earlier merge); a file named twice is merged once
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -158,16 +162,12 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
     match cli.cmd {
         Cmd::Info { file, json } => {
             let s = memtrace_merge::summary::summarize_file(&file)?;
-            if json {
-                print_out(&s.to_json())?;
-            } else {
-                print_out(&s.to_string())?;
-            }
+            print_out(&if json { s.to_json() } else { s.to_string() })?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { files, quiet } => {
             let mut out = std::io::stdout().lock();
-            let code = memtrace_merge::check::run_check(&files, quiet, &mut out)
+            let code = check_files(&files, quiet, &mut out)
                 .and_then(|c| out.flush().map(|_| c))
                 .map_err(stdout_error)?;
             Ok(ExitCode::from(code))
@@ -182,63 +182,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             flushed?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Merge {
-            output,
-            format,
-            rate_mismatch,
-            seed,
-            tag_processes,
-            skip_bad_inputs,
-            pid,
-            context,
-            quiet,
-            no_warnings,
-            fsync,
-            force,
-            keep_duplicates,
-            inputs,
-        } => {
-            let opts = memtrace_merge::merge::MergeOptions {
-                format,
-                rate_mismatch: match rate_mismatch {
-                    RateArg::Thin => memtrace_merge::merge::RateMismatch::Thin,
-                    RateArg::Fail => memtrace_merge::merge::RateMismatch::Fail,
-                },
-                seed,
-                tag_processes,
-                skip_bad_inputs,
-                pid,
-                context: context.map(String::into_bytes),
-                progress: !quiet,
-                fsync,
-                force,
-                keep_duplicates,
-                cancel: memtrace_merge::Cancel::new(),
-                decode_threads: None,
-                encode_ahead: None,
-            };
-            memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
-            memtrace_merge::cli::ignore_file_size_signal();
-            let report = memtrace_merge::merge::merge(&inputs, &output, &opts);
-            if let Err(memtrace_merge::Error::Cancelled) = report {
-                if memtrace_merge::cli::first_to_report_interrupt() {
-                    say(format_args!(
-                        "memtrace-merge: interrupted; no output written"
-                    ));
-                }
-                return Ok(ExitCode::from(130));
-            }
-            let report = report?;
-            if !no_warnings {
-                let w = memtrace_merge::merge::format_warnings(&report);
-                let _ = std::io::stderr().lock().write_all(w.as_bytes());
-            }
-            if !quiet {
-                let s = memtrace_merge::merge::format_report(&report);
-                let _ = std::io::stderr().lock().write_all(s.as_bytes());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Merge(args) => merge(args),
         Cmd::Compare {
             merged,
             sources,
@@ -253,29 +197,8 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
                 readable_part,
             };
             let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
-            print_out(&format!(
-                "sources: {} allocs, {} samples{}; merged: {} allocs, {} samples; missing {}, extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}\n",
-                r.source_allocs,
-                r.source_samples,
-                if r.sources_cut > 0 {
-                    format!(" ({} taken as far as they read)", r.sources_cut)
-                } else {
-                    String::new()
-                },
-                r.merged_allocs,
-                r.merged_samples,
-                r.missing,
-                r.extra,
-                r.dropped,
-                r.merged_bad_events,
-                r.merged_warnings,
-                if r.equal() { "equal" } else { "DIFFERENT" }
-            ))?;
-            Ok(if r.equal() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            print_out(&format!("{r}\n"))?;
+            Ok(ExitCode::from(if r.equal() { 0 } else { 1 }))
         }
         Cmd::Copy {
             input,
@@ -291,4 +214,119 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `memtrace-merge merge`: SIGINT and SIGTERM cancel it (exit 130); warnings, then the
+/// report, on stderr.
+fn merge(a: MergeArgs) -> Result<ExitCode, memtrace_merge::Error> {
+    let opts = memtrace_merge::merge::MergeOptions {
+        format: a.format,
+        rate_mismatch: match a.rate_mismatch {
+            RateArg::Thin => memtrace_merge::merge::RateMismatch::Thin,
+            RateArg::Fail => memtrace_merge::merge::RateMismatch::Fail,
+        },
+        seed: a.seed,
+        tag_processes: a.tag_processes,
+        skip_bad_inputs: a.skip_bad_inputs,
+        pid: a.pid,
+        context: a.context.map(String::into_bytes),
+        progress: !a.quiet,
+        fsync: a.fsync,
+        force: a.force,
+        keep_duplicates: a.keep_duplicates,
+        ..Default::default()
+    };
+    memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
+    memtrace_merge::cli::ignore_file_size_signal();
+    let report = match memtrace_merge::merge::merge(&a.inputs, &a.output, &opts) {
+        Err(memtrace_merge::Error::Cancelled) => {
+            if memtrace_merge::cli::first_to_report_interrupt() {
+                say(format_args!(
+                    "memtrace-merge: interrupted; no output written"
+                ));
+            }
+            return Ok(ExitCode::from(130));
+        }
+        r => r?,
+    };
+    let mut err = std::io::stderr().lock();
+    if !a.no_warnings {
+        let _ = err.write_all(memtrace_merge::merge::format_warnings(&report).as_bytes());
+    }
+    if !a.quiet {
+        let _ = err.write_all(memtrace_merge::merge::format_report(&report).as_bytes());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `check` command: check every file, print per file `FILE: ok allocs=.. ..` plus its
+/// warnings, or its problems; with `quiet`, print only problems. Returns the exit status:
+/// 0 all valid (warnings allowed), 1 some file invalid, 2 some file could not be read at all
+/// (I/O error: not found, permission...).
+fn check_files(
+    files: &[impl AsRef<std::path::Path>],
+    quiet: bool,
+    out: &mut impl Write,
+) -> std::io::Result<u8> {
+    let opts = memtrace_merge::check::CheckOptions::default();
+    let mut status = 0u8;
+    for f in files {
+        let name = f.as_ref().display().to_string();
+        match memtrace_merge::check::check_file(f, &opts) {
+            Err(e) => {
+                match e {
+                    memtrace_merge::Error::Io { op, source, .. } => {
+                        writeln!(out, "{name}: error: {op}: {source}")?
+                    }
+                    e => writeln!(out, "{name}: error: {e}")?,
+                }
+                status = 2;
+            }
+            Ok(rep) => {
+                if rep.is_valid() {
+                    if !quiet {
+                        writeln!(out, "{name}: ok {}", rep.counts())?;
+                        for w in &rep.warnings {
+                            writeln!(out, "{}: warning: {}", w.at, w.what)?;
+                        }
+                        if rep.warnings_dropped > 0 {
+                            writeln!(
+                                out,
+                                "{name}: warning: {} more warnings",
+                                rep.warnings_dropped
+                            )?;
+                        }
+                    }
+                } else {
+                    status = status.max(1);
+                    if !quiet {
+                        let n = rep.problems.len() as u64 + rep.problems_dropped;
+                        let s = if n == 1 { "" } else { "s" };
+                        let when = if rep.reader_error {
+                            ", read before the error"
+                        } else {
+                            ""
+                        };
+                        writeln!(
+                            out,
+                            "{name}: INVALID ({n} problem{s}) {}{when}",
+                            rep.counts()
+                        )?;
+                    }
+                    for p in &rep.problems {
+                        writeln!(out, "{}: error: {}", p.at, p.message)?;
+                    }
+                    if rep.problems_dropped > 0 {
+                        writeln!(out, "{name}: error: {} more problems", rep.problems_dropped)?;
+                    }
+                    if !quiet {
+                        for w in &rep.warnings {
+                            writeln!(out, "{}: warning: {}", w.at, w.what)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(status)
 }

@@ -8,7 +8,7 @@ use crate::reader::{Reader, Warning};
 use crate::tools::summary::NewFrames;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 /// How to check.
@@ -269,76 +269,6 @@ pub fn check_file(path: impl AsRef<Path>, opts: &CheckOptions) -> Result<CheckRe
         }),
         Err(e) => Err(e),
     }
-}
-
-/// The `check` command: check every file, print per file `FILE: ok allocs=.. ..` plus its
-/// warnings, or its problems; with `quiet`, print only problems. Returns the exit status:
-/// 0 all valid (warnings allowed), 1 some file invalid, 2 some file could not be read at all
-/// (I/O error: not found, permission...).
-pub fn run_check(
-    files: &[impl AsRef<Path>],
-    quiet: bool,
-    out: &mut impl Write,
-) -> std::io::Result<u8> {
-    let opts = CheckOptions::default();
-    let mut status = 0u8;
-    for f in files {
-        let name = f.as_ref().display().to_string();
-        match check_file(f, &opts) {
-            Err(e) => {
-                match e {
-                    Error::Io { op, source, .. } => writeln!(out, "{name}: error: {op}: {source}")?,
-                    e => writeln!(out, "{name}: error: {e}")?,
-                }
-                status = 2;
-            }
-            Ok(rep) => {
-                if rep.is_valid() {
-                    if !quiet {
-                        writeln!(out, "{name}: ok {}", rep.counts())?;
-                        for w in &rep.warnings {
-                            writeln!(out, "{}: warning: {}", w.at, w.what)?;
-                        }
-                        if rep.warnings_dropped > 0 {
-                            writeln!(
-                                out,
-                                "{name}: warning: {} more warnings",
-                                rep.warnings_dropped
-                            )?;
-                        }
-                    }
-                } else {
-                    status = status.max(1);
-                    if !quiet {
-                        let n = rep.problems.len() as u64 + rep.problems_dropped;
-                        let s = if n == 1 { "" } else { "s" };
-                        let when = if rep.reader_error {
-                            ", read before the error"
-                        } else {
-                            ""
-                        };
-                        writeln!(
-                            out,
-                            "{name}: INVALID ({n} problem{s}) {}{when}",
-                            rep.counts()
-                        )?;
-                    }
-                    for p in &rep.problems {
-                        writeln!(out, "{}: error: {}", p.at, p.message)?;
-                    }
-                    if rep.problems_dropped > 0 {
-                        writeln!(out, "{name}: error: {} more problems", rep.problems_dropped)?;
-                    }
-                    if !quiet {
-                        for w in &rep.warnings {
-                            writeln!(out, "{}: warning: {}", w.at, w.what)?;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(status)
 }
 
 #[cfg(test)]

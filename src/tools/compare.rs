@@ -278,6 +278,32 @@ pub struct CompareReport {
     pub sources_cut: u64,
 }
 
+impl std::fmt::Display for CompareReport {
+    /// One line: both sides' counts, the differences, and `equal` or `DIFFERENT`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cut = if self.sources_cut > 0 {
+            format!(" ({} taken as far as they read)", self.sources_cut)
+        } else {
+            String::new()
+        };
+        write!(
+            f,
+            "sources: {} allocs, {} samples{cut}; merged: {} allocs, {} samples; missing {}, \
+             extra {}, dropped by thinning {}, impossible events {}, warnings {}: {}",
+            self.source_allocs,
+            self.source_samples,
+            self.merged_allocs,
+            self.merged_samples,
+            self.missing,
+            self.extra,
+            self.dropped,
+            self.merged_bad_events,
+            self.merged_warnings,
+            if self.equal() { "equal" } else { "DIFFERENT" }
+        )
+    }
+}
+
 impl CompareReport {
     pub fn equal(&self) -> bool {
         self.missing == 0

@@ -361,118 +361,115 @@ impl Summary {
     }
 }
 
-impl fmt::Display for Summary {
-    /// Aligned `key: value` lines for a person to read.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Summary {
+    /// The trace info, as `(key, value)` lines.
+    fn header_lines(&self) -> Vec<(&'static str, String)> {
         let i = &self.info;
-        let line = |f: &mut fmt::Formatter<'_>, k: &str, v: &str| {
-            writeln!(f, "{:<17} {v}", format!("{k}:"))
-        };
-        line(
-            f,
-            "file",
-            &format!(
-                "{} ({}, {} bytes)",
-                self.file,
-                human_bytes(self.file_size),
-                thousands(self.file_size)
-            ),
-        )?;
-        line(f, "format", &format!("version {}", i.version))?;
-        line(f, "executable", &text(&i.executable_name))?;
-        line(f, "host", &text(&i.host_name))?;
-        line(f, "pid", &i.pid.to_string())?;
-        line(
-            f,
-            "context",
-            &i.context.as_ref().map_or("(none)".to_string(), |c| text(c)),
-        )?;
-        line(f, "runtime params", &text(&i.ocaml_runtime_params))?;
-        line(f, "word size", &format!("{} bits", i.word_size))?;
         let per = if i.sample_rate > 0.0 && i.sample_rate.is_finite() {
-            format!(
-                " (1 sample per {} words)",
-                thousands((1.0 / i.sample_rate).round() as u64)
-            )
+            let words = (1.0 / i.sample_rate).round() as u64;
+            format!(" (1 sample per {} words)", thousands(words))
         } else {
             String::new()
         };
-        line(f, "sample rate", &format!("{}{per}", i.sample_rate))?;
-        line(
-            f,
-            "start time",
-            &format!("{} µs ({})", i.start_time.0, utc_time(i.start_time.0)),
-        )?;
-        match (self.first_event_us, self.last_event_us) {
-            (Some(a), Some(b)) => {
-                line(
-                    f,
+        let size = human_bytes(self.file_size);
+        vec![
+            (
+                "file",
+                format!(
+                    "{} ({size}, {} bytes)",
+                    self.file,
+                    thousands(self.file_size)
+                ),
+            ),
+            ("format", format!("version {}", i.version)),
+            ("executable", text(&i.executable_name)),
+            ("host", text(&i.host_name)),
+            ("pid", i.pid.to_string()),
+            (
+                "context",
+                i.context.as_ref().map_or("(none)".to_string(), |c| text(c)),
+            ),
+            ("runtime params", text(&i.ocaml_runtime_params)),
+            ("word size", format!("{} bits", i.word_size)),
+            ("sample rate", format!("{}{per}", i.sample_rate)),
+            (
+                "start time",
+                format!("{} µs ({})", i.start_time.0, utc_time(i.start_time.0)),
+            ),
+        ]
+    }
+
+    /// The statistics, as `(key, value)` lines.
+    fn stats_lines(&self) -> Vec<(&'static str, String)> {
+        let t = thousands;
+        let mut v = match (self.first_event_us, self.last_event_us) {
+            (Some(a), Some(b)) => vec![
+                (
                     "first event",
-                    &format!("+{} µs ({})", thousands(a.max(0) as u64), human_us(a)),
-                )?;
-                line(
-                    f,
+                    format!("+{} µs ({})", t(a.max(0) as u64), human_us(a)),
+                ),
+                (
                     "last event",
-                    &format!("+{} µs ({})", thousands(b.max(0) as u64), human_us(b)),
-                )?;
-            }
-            _ => line(f, "events", "none")?,
-        }
-        line(f, "events", &thousands(self.events))?;
-        line(
-            f,
-            "  allocs",
-            &format!(
-                "{} (minor {}, major {}, external {})",
-                thousands(self.allocs()),
-                thousands(self.minor_allocs),
-                thousands(self.major_allocs),
-                thousands(self.external_allocs)
-            ),
-        )?;
-        line(f, "  promotes", &thousands(self.promotes))?;
-        line(f, "  collects", &thousands(self.collects))?;
-        line(f, "  samples", &thousands(self.samples))?;
-        line(
-            f,
-            "max backtrace",
-            &format!("{} frames", thousands(self.max_backtrace_length)),
-        )?;
-        line(
-            f,
-            "location codes",
-            &format!(
-                "{} in backtraces, {} defined",
-                thousands(self.distinct_location_codes),
-                thousands(self.defined_location_codes)
-            ),
-        )?;
-        line(
-            f,
-            "packets",
-            &format!(
-                "{} (info packet included), {} skipped",
-                thousands(self.packets),
-                thousands(self.skipped_packets)
-            ),
-        )?;
+                    format!("+{} µs ({})", t(b.max(0) as u64), human_us(b)),
+                ),
+            ],
+            _ => vec![("events", "none".to_string())],
+        };
+        let allocs = format!(
+            "{} (minor {}, major {}, external {})",
+            t(self.allocs()),
+            t(self.minor_allocs),
+            t(self.major_allocs),
+            t(self.external_allocs)
+        );
+        let codes = format!(
+            "{} in backtraces, {} defined",
+            t(self.distinct_location_codes),
+            t(self.defined_location_codes)
+        );
+        let packets = format!(
+            "{} (info packet included), {} skipped",
+            t(self.packets),
+            t(self.skipped_packets)
+        );
         let doms: Vec<String> = self.domains.iter().map(|d| d.to_string()).collect();
-        line(
-            f,
-            "domains",
-            &format!("{} ({})", self.domains.len(), doms.join(", ")),
-        )?;
+        v.extend([
+            ("events", t(self.events)),
+            ("  allocs", allocs),
+            ("  promotes", t(self.promotes)),
+            ("  collects", t(self.collects)),
+            ("  samples", t(self.samples)),
+            (
+                "max backtrace",
+                format!("{} frames", t(self.max_backtrace_length)),
+            ),
+            ("location codes", codes),
+            ("packets", packets),
+            (
+                "domains",
+                format!("{} ({})", self.domains.len(), doms.join(", ")),
+            ),
+        ]);
+        v
+    }
+}
+
+impl fmt::Display for Summary {
+    /// Aligned `key: value` lines for a person to read, then the warnings.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, v) in self.header_lines().into_iter().chain(self.stats_lines()) {
+            writeln!(f, "{:<17} {v}", format!("{k}:"))?;
+        }
         let nw = self.warnings.len() as u64 + self.warnings_dropped;
         if nw == 0 {
-            line(f, "warnings", "none")?;
-        } else {
-            line(f, "warnings", &thousands(nw))?;
-            for w in &self.warnings {
-                writeln!(f, "  {w}")?;
-            }
-            if self.warnings_dropped > 0 {
-                writeln!(f, "  ... and {} more", thousands(self.warnings_dropped))?;
-            }
+            return writeln!(f, "{:<17} none", "warnings:");
+        }
+        writeln!(f, "{:<17} {}", "warnings:", thousands(nw))?;
+        for w in &self.warnings {
+            writeln!(f, "  {w}")?;
+        }
+        if self.warnings_dropped > 0 {
+            writeln!(f, "  ... and {} more", thousands(self.warnings_dropped))?;
         }
         Ok(())
     }
