@@ -34,7 +34,7 @@ fn not_a_code(v: u64) -> u64 {
     v ^ (v << 1)
 }
 
-/// [`crate::writer::common_prefix`] for long runs: compared 16 frames at a time first,
+/// [`common_prefix`] for long runs: compared 16 frames at a time first,
 /// without a branch each.
 #[inline]
 fn same_run(a: &[LocationCode], b: &[LocationCode]) -> usize {
@@ -45,7 +45,7 @@ fn same_run(a: &[LocationCode], b: &[LocationCode]) -> usize {
         }
         m += 16;
     }
-    m + crate::writer::common_prefix(&a[m..], &b[m..])
+    m + common_prefix(&a[m..], &b[m..])
 }
 
 /// Whether any frame is EMPTY.
@@ -727,6 +727,13 @@ impl CacheWriter {
             }
         }
     }
+}
+
+/// Length of the longest common prefix of two backtraces.
+#[inline]
+pub fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
+    // (shared prefixes are short where this is called often: a plain loop beats memcmp)
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

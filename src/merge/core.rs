@@ -48,13 +48,7 @@ pub(super) fn merge_streams(
     let ndomains = streams.iter().map(|s| s.out_slot + 1).max().unwrap_or(0);
     // Per output domain: the stream of the last allocation written, and its version.
     let mut last_written: Vec<Option<(usize, u64)>> = vec![None; ndomains];
-    let mut heap = BinaryHeap::new();
-    for (i, s) in streams.iter_mut().enumerate() {
-        s.batch = pipe.next_batch(i);
-        if s.pos < s.batch.evs.len() {
-            heap.push(Reverse(s.batch.evs[0].key(s.key_bits)));
-        }
-    }
+    let mut heap = first_batches(streams, pipe);
     let mut nevents = 0u64;
     let mut missed: Vec<LocationCode> = Vec::new();
     while let Some(&Reverse(first)) = heap.peek() {
@@ -139,6 +133,18 @@ pub(super) fn merge_streams(
         give_up_waiting(st, None);
     }
     Ok(Merged::Done)
+}
+
+/// Every stream's first batch, and the heap of their first events' keys.
+fn first_batches(streams: &mut [Stream], pipe: &Decoder) -> BinaryHeap<Reverse<u128>> {
+    let mut heap = BinaryHeap::new();
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.batch = pipe.next_batch(i);
+        if s.pos < s.batch.evs.len() {
+            heap.push(Reverse(s.batch.evs[0].key(s.key_bits)));
+        }
+    }
+    heap
 }
 
 /// An allocation of a batch, its length and samples widened.

@@ -48,6 +48,79 @@ pub(crate) const THINNED_OUT: u32 = u32::MAX;
 pub(crate) const TAG_FRAME: LocationCode = LocationCode(0xa000_0000_0000_7a90);
 
 impl Encoder {
+    /// Encode an allocation's backtrace (`keep` frames the last one's, when `valid`) into
+    /// the batch's `enc`, its codes sent whole into `misses`: the codewords and frames
+    /// encoded; None when thinning left the allocation out (nothing encoded).
+    #[inline(always)]
+    fn encode(
+        &mut self,
+        b: &mut Batch,
+        valid: bool,
+        keep: usize,
+        backtrace: &[LocationCode],
+        slots: &[u16],
+        nsamples: u64,
+    ) -> Option<(usize, usize)> {
+        let Encoder {
+            share,
+            tables,
+            solo_hints,
+            allocs,
+            tagged,
+            thinner,
+            kept,
+        } = self;
+        // (a tagged process's: the tag, then the reader's backtrace, whose first `keep`
+        // frames are the last one's)
+        let (frames, hints, keep) = match tagged {
+            Some((f, h)) => {
+                f.truncate(1 + keep);
+                f.extend_from_slice(&backtrace[keep..]);
+                h.truncate(1 + keep);
+                h.extend_from_slice(slots.get(keep..).unwrap_or_default());
+                h.resize(f.len(), 0);
+                (&f[..], &h[..], if valid { 1 + keep } else { 0 })
+            }
+            None => (backtrace, slots, keep),
+        };
+        if (thinner.as_mut()).is_some_and(|t| t.keep(nsamples) == 0 && nsamples > 0) {
+            // left out: the next encoding keeps of the path only what this one kept
+            *kept = keep.min(*kept);
+            return None;
+        }
+        let keep = keep.min(std::mem::replace(kept, usize::MAX));
+        let enc = &mut b.enc;
+        let head = enc.len();
+        enc.u32(0);
+        let misses = &mut b.misses;
+        *allocs += 1;
+        // (the frames the output keeps of the previous backtrace, then the encoding)
+        let (common, (ncodes, done)) = match share {
+            Some(share) => {
+                let limit = head + 4 + ENCODING_ROOM;
+                let on_miss = |i, at: usize| misses.push((at as u32, frames[i]));
+                let encoded =
+                    share.encode(tables, enc, *allocs, frames, hints, keep, limit, on_miss);
+                (0, encoded)
+            }
+            None => {
+                // alone in the domain: the new frames, after the `keep` of the last one
+                enc.u32(keep as u32);
+                solo_hints.clear();
+                solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
+                let limit = enc.len() + ENCODING_ROOM;
+                let new = &frames[keep..];
+                let on_miss = |i, at: usize| misses.push((at as u32, new[i]));
+                let encoded = tables.encode_hinted(enc, *allocs, new, solo_hints, limit, on_miss);
+                (keep, encoded)
+            }
+        };
+        let len = enc.len() - head - 4;
+        let cut = if common + done < frames.len() { CUT } else { 0 };
+        enc.set_u32(head, len as u32 | cut);
+        Some((ncodes, done))
+    }
+
     pub(crate) fn new(of: Option<ShareOf>, tagged: bool, thinner: Option<Thinner>) -> Encoder {
         Encoder {
             share: of.map(Share::new),
@@ -140,74 +213,10 @@ impl EventSink for Filler<'_> {
         *self.bt_valid = true;
         // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
         let (first, second) = if let Some(e) = &mut self.enc {
-            let Encoder {
-                share,
-                tables,
-                solo_hints,
-                allocs,
-                tagged,
-                thinner,
-                kept,
-            } = &mut **e;
-            // (a tagged process's: the tag, then the reader's backtrace, whose first `keep`
-            // frames are the last one's)
-            let (frames, hints, keep) = match tagged {
-                Some((f, h)) => {
-                    f.truncate(1 + keep);
-                    f.extend_from_slice(&backtrace[keep..]);
-                    h.truncate(1 + keep);
-                    h.extend_from_slice(slots.get(keep..).unwrap_or_default());
-                    h.resize(f.len(), 0);
-                    (&f[..], &h[..], if valid { 1 + keep } else { 0 })
-                }
-                None => (backtrace, slots, keep),
-            };
-            if thinner
-                .as_mut()
-                .is_some_and(|t| t.keep(nsamples) == 0 && nsamples > 0)
-            {
-                // left out: the next encoding keeps of the path only what this one kept
-                *kept = keep.min(*kept);
+            let Some(done) = e.encode(self.b, valid, keep, backtrace, slots, nsamples) else {
                 return self.push_alloc(time, id, length, nsamples, source, 0, THINNED_OUT);
-            }
-            let keep = keep.min(std::mem::replace(kept, usize::MAX));
-            let enc = &mut self.b.enc;
-            let head = enc.len();
-            enc.u32(0);
-            let misses = &mut self.b.misses;
-            *allocs += 1;
-            // (the frames the output keeps of the previous backtrace, then the encoding)
-            let (common, (ncodes, done)) = match share {
-                Some(share) => (
-                    0,
-                    share.encode(
-                        tables,
-                        enc,
-                        *allocs,
-                        frames,
-                        hints,
-                        keep,
-                        head + 4 + ENCODING_ROOM,
-                        |i, at| misses.push((at as u32, frames[i])),
-                    ),
-                ),
-                None => {
-                    // alone in the domain: the new frames, after the `keep` of the last one
-                    enc.u32(keep as u32);
-                    solo_hints.clear();
-                    solo_hints.extend_from_slice(hints.get(keep..).unwrap_or_default());
-                    let limit = enc.len() + ENCODING_ROOM;
-                    let new = &frames[keep..];
-                    let on_miss = |i, at: usize| misses.push((at as u32, new[i]));
-                    let encoded =
-                        tables.encode_hinted(enc, *allocs, new, solo_hints, limit, on_miss);
-                    (keep, encoded)
-                }
             };
-            let len = enc.len() - head - 4;
-            let cut = if common + done < frames.len() { CUT } else { 0 };
-            enc.set_u32(head, len as u32 | cut);
-            (ncodes, done)
+            done
         } else {
             self.b.frames.extend_from_slice(&backtrace[keep..]);
             crate::format::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());

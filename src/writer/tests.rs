@@ -1,4 +1,5 @@
 use super::*;
+use crate::format::event::AllocSource;
 use crate::format::event::Event;
 use crate::format::location::Location;
 use crate::reader::Reader;
