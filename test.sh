@@ -23,6 +23,8 @@ step OCaml 5.3 "(when a build of it is at hand)"
 bash ocaml-bindings/test-ocaml5.sh
 step cargo fmt --check
 cargo fmt --check
+step cargo doc: every public item documented, no broken links
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets -- -D warnings
 step all tests passed

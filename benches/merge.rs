@@ -22,6 +22,7 @@
 //! domain of its own), each in turns with the plain merge, to show what those cost.
 //!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
+use memtrace_merge::AllocHeader;
 
 use memtrace_merge::{
     AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp, TraceInfo,
@@ -150,11 +151,13 @@ fn write_process(
         };
         let id = w
             .put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                len,
-                1 + (len > 1000) as u64,
-                src,
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: len,
+                    nsamples: 1 + (len > 1000) as u64,
+                    source: src,
+                },
                 &paths[path],
                 resolve,
             )

@@ -18,9 +18,12 @@
 //! Environment: `THROUGHPUT_SYNTHETIC_MB` (default 100) sizes the synthetic trace (0 skips it);
 //! `THROUGHPUT_KEEP_SYNTHETIC=PATH` keeps a copy of it.
 
+#[path = "../tests/support/splitmix.rs"]
+mod splitmix;
+use memtrace_merge::AllocHeader;
 use memtrace_merge::{
-    copy::copy, dump, AllocSource, DomainId, Event, Location, LocationCode, LocationList, ObjId,
-    Reader, Timestamp, TraceInfo, Writer, WriterOptions,
+    tools::copy::copy, tools::dump, AllocSource, DomainId, Event, Location, LocationCode,
+    LocationList, ObjId, Reader, Timestamp, TraceInfo, Writer, WriterOptions,
 };
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -239,7 +242,7 @@ fn bench_trace(label: &str, file: &Path, bytes: &[u8]) {
 
 // ---- the synthetic trace ------------------------------------------------------------------
 
-struct Rng(memtrace_merge::thin::Rng);
+struct Rng(splitmix::SplitMix);
 impl Rng {
     fn next(&mut self) -> u64 {
         // SplitMix64: the library's own generator
@@ -270,7 +273,7 @@ fn write_synthetic(path: &Path, target: u64) -> (u64, u64, f64) {
         initial_domain: DomainId(0),
         version: 2,
     };
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(2026));
+    let mut rng = Rng(splitmix::SplitMix::from_state(2026));
     const POOLS: usize = 4;
     let mut locs: HashMap<LocationCode, LocationList> = HashMap::new();
     let mut pools: Vec<Vec<LocationCode>> = Vec::new();
@@ -372,11 +375,13 @@ fn write_synthetic(path: &Path, target: u64) -> (u64, u64, f64) {
                 };
                 let id = w
                     .put_alloc(
-                        Timestamp(time),
-                        DomainId(0),
-                        length,
-                        nsamples,
-                        source,
+                        &AllocHeader {
+                            time: Timestamp(time),
+                            domain: DomainId(0),
+                            length,
+                            nsamples,
+                            source,
+                        },
                         &bt,
                         |c| locs.get(&c).cloned(),
                     )

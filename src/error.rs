@@ -27,9 +27,15 @@ impl fmt::Display for Position {
 
 /// What went wrong in a trace that does not follow the format.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Malformed {
     /// The file ends where more bytes were needed (e.g. inside a header).
-    Truncated { needed: u64, available: u64 },
+    Truncated {
+        /// Bytes the header or event needs.
+        needed: u64,
+        /// Bytes left in the file.
+        available: u64,
+    },
     /// A packet header does not start with 0xc1fc1fc1.
     BadMagic(u32),
     /// The file does not start with a CTF packet header (or is empty): the reason.
@@ -39,54 +45,113 @@ pub enum Malformed {
     /// Declared packet size (in bits) that cannot hold the header.
     BadPacketSize(u32),
     /// timestamp_begin > timestamp_end in a packet header.
-    PacketTimesReversed { begin: u64, end: u64 },
+    PacketTimesReversed {
+        /// The header's timestamp_begin.
+        begin: u64,
+        /// The header's timestamp_end.
+        end: u64,
+    },
     /// alloc_id_begin > alloc_id_end in a packet header.
-    PacketIdsReversed { begin: u64, end: u64 },
+    PacketIdsReversed {
+        /// The header's alloc_id_begin.
+        begin: u64,
+        /// The header's alloc_id_end.
+        end: u64,
+    },
     /// The first packet is not a lone trace_info event.
     BadInfoPacket(&'static str),
     /// An event code that is not 0-4 or 101-116.
     UnknownEventCode(u32),
     /// An event time outside [timestamp_begin, timestamp_end] of its packet.
-    TimeOutOfPacket { time: u64, begin: u64, end: u64 },
+    TimeOutOfPacket {
+        /// The event's time.
+        time: u64,
+        /// The packet's timestamp_begin.
+        begin: u64,
+        /// The packet's timestamp_end.
+        end: u64,
+    },
     /// An event earlier than the previous one (of the same domain in format 3).
-    NonMonotoneTime { time: u64, previous: u64 },
+    NonMonotoneTime {
+        /// The event's time.
+        time: u64,
+        /// The time of the event before it.
+        previous: u64,
+    },
     /// A second trace_info event.
     MultipleTraceInfo,
     /// An allocation source byte other than 0, 1, 2.
     BadAllocSource(u8),
     /// A negative or absurd value in a field.
-    BadValue { field: &'static str, value: i64 },
+    BadValue {
+        /// The field's name in the format.
+        field: &'static str,
+        /// The value read.
+        value: i64,
+    },
     /// Promote/collect of an object id that was not allocated yet.
     BadObjectId {
+        /// `promote` or `collect`.
         event: &'static str,
+        /// The id the event names.
         id: i64,
+        /// The next id an allocation would get.
         next: u64,
     },
     /// (format 3) A promote naming an id at or above its packet's next one (a negative id
     /// delta): OCaml 5's promote of a block taken over from a terminated domain, which the
     /// reference reader refuses (`promote id sync`). An error only in strict mode
     /// ([`crate::Reader::set_strict_promotes`]); `time` is the event's.
-    PromoteAhead { id: u64, delta: i64, time: u64 },
+    PromoteAhead {
+        /// The id promoted.
+        id: u64,
+        /// The (negative) id delta as written.
+        delta: i64,
+        /// The event's time.
+        time: u64,
+    },
     /// The packet's alloc_id_end disagrees with the allocations it holds.
-    AllocIdSync { header_end: u64, counted: u64 },
+    AllocIdSync {
+        /// The header's alloc_id_end.
+        header_end: u64,
+        /// The id after the packet's last allocation.
+        counted: u64,
+    },
     /// The packet header's backtrace-cache verifier does not match the cache.
-    CacheVerification { index: u16 },
+    CacheVerification {
+        /// The cache slot the header names.
+        index: u16,
+    },
     /// A move-to-front code names an empty slot.
-    MtfEmptySlot { table: &'static str, index: u8 },
+    MtfEmptySlot {
+        /// Which table: `location` or `function`.
+        table: &'static str,
+        /// The code's index in the table.
+        index: u8,
+    },
     /// A string runs past the end of its packet (no NUL).
     UnterminatedString,
     /// A location code given two different location lists.
-    InconsistentLocation { code: u64 },
+    InconsistentLocation {
+        /// The location code.
+        code: u64,
+    },
     /// A backtrace names a location code never defined by a location event.
-    UndefinedLocation { code: u64 },
+    UndefinedLocation {
+        /// The location code.
+        code: u64,
+    },
     /// A backtrace frame read from a cache entry that no miss ever filled.
     EmptyCacheEntry,
     /// Bytes left over in the trace-info packet or an event ran past its packet.
     EventOverrun,
     /// Object lifecycle violated (check only): promote/collect of a dead or unknown object.
     Lifecycle {
+        /// `promote` or `collect`.
         event: &'static str,
+        /// The object's id.
         id: u64,
+        /// What is wrong, in words.
         why: &'static str,
     },
 }
@@ -164,7 +229,6 @@ impl fmt::Display for Malformed {
 
 /// Which side of a merge or copy a file is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Side {
     /// A trace read.
     Input,
@@ -177,12 +241,21 @@ pub enum Side {
 #[non_exhaustive]
 pub enum Error {
     /// The input does not follow the memtrace format.
-    Malformed { at: Position, what: Malformed },
+    Malformed {
+        /// Where in which input.
+        at: Position,
+        /// What was wrong.
+        what: Malformed,
+    },
     /// An I/O error on a named file, of an input or of the output.
     Io {
+        /// The file.
         path: PathBuf,
+        /// Whether the file is an input or the output.
         side: Side,
+        /// What was being done (`open`, `read`, `rename`, ...).
         op: &'static str,
+        /// The OS's error.
         source: std::io::Error,
     },
     /// The merge was cancelled ([`crate::Cancel`]); nothing was written.
@@ -199,6 +272,7 @@ pub enum Error {
 }
 
 impl Error {
+    /// A [`Error::Malformed`] at byte `offset` of `file` (in packet `packet`, if known).
     pub fn malformed(file: &str, offset: u64, packet: Option<u64>, what: Malformed) -> Error {
         Error::Malformed {
             at: Position {
@@ -263,4 +337,5 @@ impl std::error::Error for Error {
     }
 }
 
+/// The library's result: [`Error`] unless said otherwise.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,32 +1,70 @@
-//! memtrace-merge: read, write, check and merge memtrace traces (`.ctf`) of OCaml programs.
+//! memtrace-merge: read, write, check and merge the memory traces (`.ctf`) that Jane Street's
+//! memtrace writes of OCaml programs; merge those of several processes into one valid trace.
 //!
-//! Modules mirror the format: [`buf`] (primitives), [`packet`] (headers), [`location`] (MTF
-//! codec), [`backtrace`] (cache codec), [`event`], [`info`], [`reader`], [`writer`]; then the
-//! tools built on them.
+//! ```no_run
+//! use memtrace_merge::{merge, MergeOptions};
+//! use std::path::PathBuf;
+//!
+//! let inputs = [PathBuf::from("run.ctf"), PathBuf::from("workers/")];
+//! let report = merge(&inputs, "merged.ctf".as_ref(), &MergeOptions::default())?;
+//! println!("{} allocations from {} traces", report.allocs, report.inputs.len());
+//! # Ok::<(), memtrace_merge::Error>(())
+//! ```
+//!
+//! Reading and writing one trace: [`Reader`] lends each event (its backtrace as a slice),
+//! [`Writer`] makes the reference writer's decisions byte for byte. The [`tools`] are library
+//! functions returning reports: dump, summary (info), check, compare, copy.
+//!
+//! # Layers
+//!
+//! Each in its folder, each importing only what is below it:
+//! - `format/`: the wire format (buf, packet, event, info, location, backtrace); imports only
+//!   the error type;
+//! - `reader/`, `writer/`: one trace, streamed;
+//! - `merge/`: what a merge means (inputs, plan, lifecycles, codes, the heap loop): its
+//!   changes change outputs;
+//! - `pipeline/`: how it is made fast (batches decoded and encoded ahead on other threads,
+//!   the output written on its own); never imports `merge/`, `tools/` or the C ABI;
+//! - `tools/`: dump, summary, check, compare, copy;
+//! - `fs/` (file identity, output targets, spools), `sys` (every OS call needing `unsafe`),
+//!   `capi` (the C ABI, `include/memtrace_merge.h`), `cli` (signals for the command line).
+//!
+//! Only `sys` and `capi` hold `unsafe` code; nothing imports `capi`; there are no import
+//! cycles.
 
-pub mod cancel;
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cancel;
+#[allow(unsafe_code)]
 mod capi;
 pub mod cli;
-pub mod error;
-pub mod format;
-pub(crate) mod fs;
-pub mod merge;
-pub mod pipeline;
-pub mod reader;
+mod error;
+mod format;
+mod fs;
+mod merge;
+mod pipeline;
+mod reader;
+#[allow(unsafe_code)]
 mod sys;
-pub mod thin;
+mod thin;
 pub mod tools;
-pub mod writer;
-
-pub use format::{backtrace, buf, event, info, location, packet};
-pub use tools::{check, compare, copy, dump, summary};
+mod writer;
 
 pub use cancel::Cancel;
 pub use error::{Error, Malformed, Position, Result, Side};
-pub use event::{
-    Alloc, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent, Timestamp,
+pub use format::event::{
+    Alloc, AllocHeader, AllocSource, DomainId, Event, LocationCode, ObjId, OwnedAlloc, OwnedEvent,
+    Timestamp,
 };
-pub use info::TraceInfo;
-pub use location::{Location, LocationList, LocationTable};
-pub use reader::{ReadStats, Reader, Warning};
-pub use writer::{WriteStats, Writer, WriterOptions};
+pub use format::info::TraceInfo;
+pub use format::location::{Location, LocationList, LocationTable};
+pub use merge::{
+    expand_inputs, format_report, format_warnings, merge, InputReport, MergeOptions, MergeReport,
+    RateMismatch,
+};
+pub use reader::{
+    scan_domains, scan_packets, EventSink, PacketScan, ReadStats, Reader, Warning,
+    MAX_MERGE_DOMAINS,
+};
+pub use writer::{WriteStats, Writer, WriterOptions, IDS_PER_CHUNK};

@@ -2,7 +2,8 @@
 //! A thin layer over the library; every error is one line on stderr and a non-zero exit.
 
 use clap::{Parser, Subcommand};
-use memtrace_merge::{dump, Reader};
+use memtrace_merge::tools::dump;
+use memtrace_merge::Reader;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -161,7 +162,7 @@ fn stdout_error(e: std::io::Error) -> memtrace_merge::Error {
 fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
     match cli.cmd {
         Cmd::Info { file, json } => {
-            let s = memtrace_merge::summary::summarize_file(&file)?;
+            let s = memtrace_merge::tools::summary::summarize_file(&file)?;
             print_out(&if json { s.to_json() } else { s.to_string() })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -190,13 +191,13 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             tagged,
             readable_part,
         } => {
-            let sources = memtrace_merge::merge::expand_inputs(&sources, &merged)?;
-            let opts = memtrace_merge::compare::CompareOptions {
+            let sources = memtrace_merge::expand_inputs(&sources, &merged)?;
+            let opts = memtrace_merge::tools::compare::CompareOptions {
                 thinned,
                 tagged,
                 readable_part,
             };
-            let r = memtrace_merge::compare::compare(&sources, &merged, opts)?;
+            let r = memtrace_merge::tools::compare::compare(&sources, &merged, opts)?;
             print_out(&format!("{r}\n"))?;
             Ok(ExitCode::from(if r.equal() { 0 } else { 1 }))
         }
@@ -207,7 +208,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         } => {
             memtrace_merge::cli::cancel_on_interrupt(&memtrace_merge::Cancel::new());
             memtrace_merge::cli::ignore_file_size_signal();
-            let warnings = memtrace_merge::copy::copy_file(&input, &output, format)?;
+            let warnings = memtrace_merge::tools::copy::copy_file(&input, &output, format)?;
             for w in warnings {
                 say(format_args!("warning: {w}"));
             }
@@ -219,11 +220,11 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
 /// `memtrace-merge merge`: SIGINT and SIGTERM cancel it (exit 130); warnings, then the
 /// report, on stderr.
 fn merge(a: MergeArgs) -> Result<ExitCode, memtrace_merge::Error> {
-    let opts = memtrace_merge::merge::MergeOptions {
+    let opts = memtrace_merge::MergeOptions {
         format: a.format,
         rate_mismatch: match a.rate_mismatch {
-            RateArg::Thin => memtrace_merge::merge::RateMismatch::Thin,
-            RateArg::Fail => memtrace_merge::merge::RateMismatch::Fail,
+            RateArg::Thin => memtrace_merge::RateMismatch::Thin,
+            RateArg::Fail => memtrace_merge::RateMismatch::Fail,
         },
         seed: a.seed,
         tag_processes: a.tag_processes,
@@ -238,7 +239,7 @@ fn merge(a: MergeArgs) -> Result<ExitCode, memtrace_merge::Error> {
     };
     memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
     memtrace_merge::cli::ignore_file_size_signal();
-    let report = match memtrace_merge::merge::merge(&a.inputs, &a.output, &opts) {
+    let report = match memtrace_merge::merge(&a.inputs, &a.output, &opts) {
         Err(memtrace_merge::Error::Cancelled) => {
             if memtrace_merge::cli::first_to_report_interrupt() {
                 say(format_args!(
@@ -251,10 +252,10 @@ fn merge(a: MergeArgs) -> Result<ExitCode, memtrace_merge::Error> {
     };
     let mut err = std::io::stderr().lock();
     if !a.no_warnings {
-        let _ = err.write_all(memtrace_merge::merge::format_warnings(&report).as_bytes());
+        let _ = err.write_all(memtrace_merge::format_warnings(&report).as_bytes());
     }
     if !a.quiet {
-        let _ = err.write_all(memtrace_merge::merge::format_report(&report).as_bytes());
+        let _ = err.write_all(memtrace_merge::format_report(&report).as_bytes());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,11 +269,11 @@ fn check_files(
     quiet: bool,
     out: &mut impl Write,
 ) -> std::io::Result<u8> {
-    let opts = memtrace_merge::check::CheckOptions::default();
+    let opts = memtrace_merge::tools::check::CheckOptions::default();
     let mut status = 0u8;
     for f in files {
         let name = f.as_ref().display().to_string();
-        match memtrace_merge::check::check_file(f, &opts) {
+        match memtrace_merge::tools::check::check_file(f, &opts) {
             Err(e) => {
                 match e {
                     memtrace_merge::Error::Io { op, source, .. } => {

@@ -11,15 +11,6 @@ impl Rng {
         r.next_u64();
         r
     }
-    /// A generator in the given raw state (no seed mixing: the plain SplitMix64 sequence).
-    pub fn from_state(state: u64) -> Self {
-        Rng(state)
-    }
-    /// Uniform in 0..n (0 when n is 0); the small modulo bias is fine for tests and thinning.
-    #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);

@@ -11,6 +11,9 @@
 //! sink), as format-3 traces with several domains are not in global time order.
 
 mod common;
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use memtrace_merge::AllocHeader;
 
 use common::*;
 use memtrace_merge::{
@@ -282,11 +285,13 @@ fn count_location_events(bytes: &[u8], name: &str) -> u64 {
         match e {
             Event::Alloc(a) => {
                 w.put_alloc(
-                    a.time,
-                    a.domain,
-                    a.length,
-                    a.nsamples,
-                    a.source,
+                    &AllocHeader {
+                        time: a.time,
+                        domain: a.domain,
+                        length: a.length,
+                        nsamples: a.nsamples,
+                        source: a.source,
+                    },
                     a.backtrace,
                     |c| {
                         n += 1;
@@ -423,7 +428,7 @@ fn shared_ocamlopt() {
 
 // ---- freshly written traces ---------------------------------------------------------------
 
-struct Rng(memtrace_merge::thin::Rng);
+struct Rng(splitmix::SplitMix);
 impl Rng {
     fn next(&mut self) -> u64 {
         // SplitMix64: the library's own generator
@@ -455,7 +460,7 @@ fn fresh_trace(version: u16, lossless: bool, seed: u64) -> (Vec<u8>, Option<u64>
         initial_domain: DomainId(0),
         version,
     };
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(seed));
+    let mut rng = Rng(splitmix::SplitMix::from_state(seed));
     let codes: Vec<LocationCode> = (0..20_000u64)
         .map(|i| LocationCode(0x5555_0000_0000 + i * 12 + 4))
         .collect();
@@ -536,10 +541,20 @@ fn fresh_trace(version: u16, lossless: bool, seed: u64) -> (Vec<u8>, Option<u64>
                 AllocSource::External,
             ][rng.below(3) as usize];
             let id = w
-                .put_alloc(time, DomainId(dom), length, nsamples, source, &bt, |c| {
-                    resolves += 1;
-                    locs.get(&c).cloned()
-                })
+                .put_alloc(
+                    &AllocHeader {
+                        time,
+                        domain: DomainId(dom),
+                        length,
+                        nsamples,
+                        source,
+                    },
+                    &bt,
+                    |c| {
+                        resolves += 1;
+                        locs.get(&c).cloned()
+                    },
+                )
                 .unwrap();
             live.push((dom, id));
         } else {

@@ -1,8 +1,9 @@
 //! `info` statistics and `check` verdicts against the corpus's reference files (NAME.info,
 //! NAME.validate), hand-made invalid traces, and the CLI's exit codes and `--quiet`.
+use memtrace_merge::AllocHeader;
 
-use memtrace_merge::check::{check, check_file, CheckOptions, CheckReport};
-use memtrace_merge::summary::{summarize, summarize_file};
+use memtrace_merge::tools::check::{check, check_file, CheckOptions, CheckReport};
+use memtrace_merge::tools::summary::{summarize, summarize_file};
 use memtrace_merge::{
     AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Reader, Timestamp,
     TraceInfo, Writer, WriterOptions,
@@ -418,8 +419,18 @@ fn write_trace(version: u16, ops: &[Op]) -> Vec<u8> {
         let t = Timestamp(START + 10 + i as u64);
         match *op {
             Op::Alloc(d) => {
-                w.put_alloc(t, DomainId(d), 3, 1, AllocSource::Minor, &BT, locs)
-                    .unwrap();
+                w.put_alloc(
+                    &AllocHeader {
+                        time: t,
+                        domain: DomainId(d),
+                        length: 3,
+                        nsamples: 1,
+                        source: AllocSource::Minor,
+                    },
+                    &BT,
+                    locs,
+                )
+                .unwrap();
             }
             Op::Promote(d, id) => w.put_promote(t, DomainId(d), ObjId(id)).unwrap(),
             Op::Collect(d, id) => w.put_collect(t, DomainId(d), ObjId(id)).unwrap(),
@@ -485,10 +496,30 @@ fn handmade_valid_traces() {
     };
     let mut w = Writer::new(Vec::new(), &trace_info(2), opts).unwrap();
     let t = Timestamp(START + 1);
-    w.put_alloc(t, DomainId(0), 3, 0, AllocSource::Major, &BT, locs)
-        .unwrap();
-    w.put_alloc(t, DomainId(0), 3, 5, AllocSource::External, &BT, locs)
-        .unwrap();
+    w.put_alloc(
+        &AllocHeader {
+            time: t,
+            domain: DomainId(0),
+            length: 3,
+            nsamples: 0,
+            source: AllocSource::Major,
+        },
+        &BT,
+        locs,
+    )
+    .unwrap();
+    w.put_alloc(
+        &AllocHeader {
+            time: t,
+            domain: DomainId(0),
+            length: 3,
+            nsamples: 5,
+            source: AllocSource::External,
+        },
+        &BT,
+        locs,
+    )
+    .unwrap();
     let rep = check_bytes(&w.finish().unwrap());
     assert!(rep.is_valid(), "{:?}", rep.problems);
     assert_eq!(rep.counts(), "allocs=2 promotes=0 collects=0 samples=5");

@@ -4,7 +4,7 @@
 //! case runs the real binary through `sh`, and checks its exit status and every line it
 //! printed: never a panic, never an empty output with exit 0.
 
-use memtrace_merge::compare::{compare, CompareOptions};
+use memtrace_merge::tools::compare::{compare, CompareOptions};
 use memtrace_merge::{Reader, TraceInfo, Writer, WriterOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -430,7 +430,8 @@ fn the_same_process_twice_is_merged_once() {
         "exec $M merge -q --keep-duplicates -o m3.ctf t/child-1.ctf t/child-1-copy.ctf",
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    let r = memtrace_merge::check::check_file(d.join("m3.ctf"), &Default::default()).unwrap();
+    let r =
+        memtrace_merge::tools::check::check_file(d.join("m3.ctf"), &Default::default()).unwrap();
     assert_eq!(r.counts().split_whitespace().next(), Some("allocs=16672"));
 }
 

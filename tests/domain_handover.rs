@@ -9,11 +9,14 @@
 //! equal with its sources and pass `check`. The real OCaml 5 traces of `tests/data/ocaml5`
 //! are merged the same ways.
 
-use memtrace_merge::check::{check_file, CheckOptions};
-use memtrace_merge::compare::{compare, CompareOptions};
-use memtrace_merge::location::Location;
-use memtrace_merge::merge::{merge, MergeOptions};
-use memtrace_merge::reader::scan_domains;
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use memtrace_merge::scan_domains;
+use memtrace_merge::tools::check::{check_file, CheckOptions};
+use memtrace_merge::tools::compare::{compare, CompareOptions};
+use memtrace_merge::AllocHeader;
+use memtrace_merge::Location;
+use memtrace_merge::{merge, MergeOptions};
 use memtrace_merge::{
     AllocSource, DomainId, Event, LocationCode, LocationList, ObjId, Reader, Timestamp, TraceInfo,
     Writer, WriterOptions,
@@ -29,7 +32,7 @@ fn data(p: &str) -> PathBuf {
         .join(p)
 }
 
-struct Rng(memtrace_merge::thin::Rng);
+struct Rng(splitmix::SplitMix);
 
 impl Rng {
     fn below(&mut self, n: usize) -> usize {
@@ -281,7 +284,7 @@ fn locs_of(code: u64, exe: &str) -> LocationList {
 }
 
 fn write_process(p: &Process, k: usize, path: &Path) {
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
+    let mut rng = Rng(splitmix::SplitMix::from_state(p.seed));
     let exe = if p.shared_codes {
         "shared".to_string()
     } else {
@@ -363,11 +366,13 @@ fn write_process(p: &Process, k: usize, path: &Path) {
             ][rng.below(3)];
             let id = w
                 .put_alloc(
-                    t,
-                    DomainId(d),
-                    1 + rng.below(300) as u64,
-                    1 + rng.below(3) as u64,
-                    source,
+                    &AllocHeader {
+                        time: t,
+                        domain: DomainId(d),
+                        length: 1 + rng.below(300) as u64,
+                        nsamples: 1 + rng.below(3) as u64,
+                        source,
+                    },
                     st,
                     |c| Some(locs_of(c.0, &exe)),
                 )

@@ -5,9 +5,10 @@
 //! (`fuzz_harness/merge.rs`, the merge target's own body). Each must end in a clean `Err`
 //! or a valid result, never a panic or a hang.
 
-use memtrace_merge::check::{check, check_file, CheckOptions};
-use memtrace_merge::merge::{merge, MergeOptions};
-use memtrace_merge::{dump, summary, Reader};
+use memtrace_merge::tools::check::{check, check_file, CheckOptions};
+use memtrace_merge::tools::{dump, summary};
+use memtrace_merge::Reader;
+use memtrace_merge::{merge, MergeOptions};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -41,7 +42,7 @@ fn check_harness(data: &[u8]) {
 }
 
 /// The merge fuzz target's body, in a fresh directory.
-fn merge_harness(data: &[u8]) -> Vec<memtrace_merge::merge::MergeReport> {
+fn merge_harness(data: &[u8]) -> Vec<memtrace_merge::MergeReport> {
     let tmp = tempfile::tempdir().unwrap();
     harness::merge_pair(data, tmp.path())
 }

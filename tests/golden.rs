@@ -14,7 +14,8 @@ mod common;
 
 use common::*;
 use flate2::read::GzDecoder;
-use memtrace_merge::{dump, Reader};
+use memtrace_merge::tools::dump;
+use memtrace_merge::Reader;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;

@@ -1,8 +1,9 @@
 //! 1,000 inputs in one merge, the process limited to 256 open files: the merge opens its
 //! inputs lazily under a budget of half the limit, so it works; its time, peak resident set
 //! and peak of open descriptors are measured (sampled from /proc while it runs) and bounded.
+use memtrace_merge::AllocHeader;
 
-use memtrace_merge::compare::{compare, CompareOptions};
+use memtrace_merge::tools::compare::{compare, CompareOptions};
 use memtrace_merge::{
     AllocSource, DomainId, Location, LocationCode, LocationList, Timestamp, TraceInfo, Writer,
     WriterOptions,
@@ -77,14 +78,16 @@ fn write_input(path: &Path, k: u64, table: &HashMap<LocationCode, LocationList>)
             .collect();
         let id = w
             .put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                1 + (i % 40),
-                1 + (i % 3 == 0) as u64,
-                if i % 17 == 0 {
-                    AllocSource::Major
-                } else {
-                    AllocSource::Minor
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 1 + (i % 40),
+                    nsamples: 1 + (i % 3 == 0) as u64,
+                    source: if i % 17 == 0 {
+                        AllocSource::Major
+                    } else {
+                        AllocSource::Minor
+                    },
                 },
                 &bt,
                 |c| table.get(&c).cloned(),
@@ -232,6 +235,6 @@ fn a_thousand_inputs_under_256_open_files() {
     assert!(c.equal(), "{c:?}");
     assert_eq!(c.merged_allocs, INPUTS as u64 * ALLOCS_PER_INPUT);
     println!("compared in {:?}", t1.elapsed());
-    let rep = memtrace_merge::check::check_file(&out, &Default::default()).unwrap();
+    let rep = memtrace_merge::tools::check::check_file(&out, &Default::default()).unwrap();
     assert!(rep.is_valid(), "{:?}", rep.problems);
 }

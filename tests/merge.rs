@@ -1,10 +1,11 @@
 //! Acceptance tests of the merge: every merged file is read back and compared with its
 //! sources allocation by allocation (time, kind, samples, length, resolved backtrace,
 //! promote and collect times), checked by `memtrace-merge check`, and by babeltrace2 if present.
+use memtrace_merge::AllocHeader;
 
-use memtrace_merge::compare::{allocations, compare, CompareOptions, CompareReport, Digest};
-use memtrace_merge::merge::{merge, MergeOptions, MergeReport, RateMismatch};
-use memtrace_merge::reader::scan_domains;
+use memtrace_merge::scan_domains;
+use memtrace_merge::tools::compare::{allocations, compare, CompareOptions, CompareReport, Digest};
+use memtrace_merge::{merge, MergeOptions, MergeReport, RateMismatch};
 use memtrace_merge::{
     AllocSource, DomainId, Event, Location, LocationCode, LocationList, Reader, Timestamp,
     TraceInfo, Writer, WriterOptions,
@@ -512,11 +513,13 @@ fn write_synthetic(path: &Path, pid: u64, start: u64, file: &str, deep: usize) {
         let lookup = |c: LocationCode| table.get(&c).cloned();
         let id = w
             .put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                1 + k % 20,
-                1,
-                AllocSource::Minor,
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 1 + k % 20,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
                 &bt,
                 lookup,
             )
@@ -723,11 +726,13 @@ fn a_tagged_process_whose_frames_use_its_tag_code_keeps_both() {
             let r = i / 25 % codes.len();
             let bt: Vec<LocationCode> = (0..5).map(|d| codes[(r + d) % codes.len()]).collect();
             w.put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                2,
-                1,
-                AllocSource::Minor,
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 2,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
                 &bt,
                 resolve,
             )
@@ -779,11 +784,13 @@ fn write_repeating(path: &Path, pid: u64, start: u64) {
         let lookup = |c: LocationCode| table.get(&c).cloned();
         let bt = &stacks[(k / 40 % 8) as usize];
         w.put_alloc(
-            Timestamp(t),
-            DomainId(0),
-            4,
-            1,
-            AllocSource::Minor,
+            &AllocHeader {
+                time: Timestamp(t),
+                domain: DomainId(0),
+                length: 4,
+                nsamples: 1,
+                source: AllocSource::Minor,
+            },
             bt,
             lookup,
         )
@@ -828,11 +835,13 @@ fn codes_a_domain_means_otherwise_stay_with_their_domain() {
         let file = files[d as usize];
         let resolve = |c: LocationCode| Some(locs(file, &format!("f{}", c.0), c.0 as u32));
         w.put_alloc(
-            Timestamp(t),
-            DomainId(d),
-            1 + k % 9,
-            1,
-            AllocSource::Minor,
+            &AllocHeader {
+                time: Timestamp(t),
+                domain: DomainId(d),
+                length: 1 + k % 9,
+                nsamples: 1,
+                source: AllocSource::Minor,
+            },
             &bt,
             resolve,
         )
@@ -947,8 +956,18 @@ fn stacks_too_deep_for_a_share_are_not_cut() {
         for _ in 0..3 {
             t += 97;
             let l = |c: LocationCode| Some(locs("deep.ml", "r", c.0 as u32));
-            w.put_alloc(Timestamp(t), DomainId(0), 4, 1, AllocSource::Minor, &bt, l)
-                .unwrap();
+            w.put_alloc(
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 4,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
+                &bt,
+                l,
+            )
+            .unwrap();
         }
     }
     w.finish().unwrap();
@@ -986,11 +1005,13 @@ fn allocations_of_no_samples_are_kept() {
         let l = |c: LocationCode| Some(locs("zero.ml", "g", c.0 as u32));
         let id = w
             .put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                8,
-                k % 2,
-                AllocSource::Minor,
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 8,
+                    nsamples: k % 2,
+                    source: AllocSource::Minor,
+                },
                 &bt,
                 l,
             )
@@ -1085,11 +1106,13 @@ fn lengths_and_sample_counts_too_wide_for_a_batch_event_are_kept() {
         let bt: Vec<LocationCode> = (0..2 + k % 5).map(|i| LocationCode(7 + i)).collect();
         let l = |c: LocationCode| Some(locs("big.ml", "g", c.0 as u32));
         w.put_alloc(
-            Timestamp(t),
-            DomainId(0),
-            length,
-            n,
-            AllocSource::Major,
+            &AllocHeader {
+                time: Timestamp(t),
+                domain: DomainId(0),
+                length,
+                nsamples: n,
+                source: AllocSource::Major,
+            },
             &bt,
             l,
         )
@@ -1531,10 +1554,32 @@ fn same_microsecond_collect_waits_for_an_allocation_behind_another_event() {
     let t = Timestamp(1_000_500);
     let minor = AllocSource::Minor;
     let early = w
-        .put_alloc(Timestamp(1_000_100), d1, 2, 1, minor, &bt, l)
+        .put_alloc(
+            &AllocHeader {
+                time: Timestamp(1_000_100),
+                domain: d1,
+                length: 2,
+                nsamples: 1,
+                source: minor,
+            },
+            &bt,
+            l,
+        )
         .unwrap();
     w.put_collect(t, d1, early).unwrap();
-    let late = w.put_alloc(t, d1, 3, 1, minor, &bt, l).unwrap();
+    let late = w
+        .put_alloc(
+            &AllocHeader {
+                time: t,
+                domain: d1,
+                length: 3,
+                nsamples: 1,
+                source: minor,
+            },
+            &bt,
+            l,
+        )
+        .unwrap();
     w.put_collect(t, d0, late).unwrap();
     w.finish().unwrap();
     for format in [2, 3] {
@@ -1566,14 +1611,26 @@ fn copying_overlapping_domains_to_format_2_orders_them_in_time() {
         let d = DomainId((k % 2) as u16);
         let bt = [LocationCode(100 + k % 3), LocationCode(200 + k % 5)];
         let t = Timestamp(1_000_000 + 10 * k);
-        let id = w.put_alloc(t, d, 2, 1, AllocSource::Minor, &bt, l).unwrap();
+        let id = w
+            .put_alloc(
+                &AllocHeader {
+                    time: t,
+                    domain: d,
+                    length: 2,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
+                &bt,
+                l,
+            )
+            .unwrap();
         if k % 3 == 0 {
             w.put_collect(Timestamp(t.0 + 3), d, id).unwrap();
         }
     }
     w.finish().unwrap();
     let out = dir.path().join("v2.ctf");
-    memtrace_merge::copy::copy_file(&p, &out, Some(2)).unwrap();
+    memtrace_merge::tools::copy::copy_file(&p, &out, Some(2)).unwrap();
     assert_eq!(Reader::open(&out).unwrap().info().version, 2);
     let c = compare(std::slice::from_ref(&p), &out, CompareOptions::default()).unwrap();
     assert!(c.equal() && c.merged_allocs == 400, "{c:?}");
@@ -1593,17 +1650,29 @@ fn same_microsecond_collect_by_another_domain_follows_its_allocation() {
     let l = |_| Some(locs("gamma.ml", "f", 1));
     let t = Timestamp(1_000_010);
     w.put_alloc(
-        Timestamp(1_000_005),
-        DomainId(0),
-        2,
-        1,
-        AllocSource::Minor,
+        &AllocHeader {
+            time: Timestamp(1_000_005),
+            domain: DomainId(0),
+            length: 2,
+            nsamples: 1,
+            source: AllocSource::Minor,
+        },
         &bt,
         l,
     )
     .unwrap();
     let id = w
-        .put_alloc(t, DomainId(1), 3, 1, AllocSource::Minor, &bt, l)
+        .put_alloc(
+            &AllocHeader {
+                time: t,
+                domain: DomainId(1),
+                length: 3,
+                nsamples: 1,
+                source: AllocSource::Minor,
+            },
+            &bt,
+            l,
+        )
         .unwrap();
     w.put_collect(t, DomainId(0), id).unwrap();
     w.finish().unwrap();

@@ -6,10 +6,11 @@
 //!   back gives the original bytes; 3→2 of a multi-domain trace fails with a Write error.
 
 mod common;
+use memtrace_merge::AllocHeader;
 
 use common::*;
 use memtrace_merge::{
-    copy::{copy, copy_on_one_thread, copy_reading_ahead},
+    tools::copy::{copy, copy_on_one_thread, copy_reading_ahead},
     DomainId, Error, Malformed, Reader, TraceInfo, Writer, WriterOptions,
 };
 use std::path::{Path, PathBuf};
@@ -174,13 +175,13 @@ const PER_DOMAIN: &[&str] = &[
 
 #[test]
 fn per_domain_traces_are_copied_with_every_event() {
-    use memtrace_merge::compare::{compare, CompareOptions};
+    use memtrace_merge::tools::compare::{compare, CompareOptions};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("copy.ctf");
     for name in PER_DOMAIN {
         let input = data_dir().join(name);
         for version in [Some(3), Some(2)] {
-            memtrace_merge::copy::copy_file(&input, &out, version)
+            memtrace_merge::tools::copy::copy_file(&input, &out, version)
                 .unwrap_or_else(|e| panic!("{name} to {version:?}: {e}"));
             // (the source read a domain at a time, in time order: in file order some of
             // these promote a block after another domain's packet collected it)
@@ -419,12 +420,32 @@ fn v3_time_ordered_multidomain_to_v2_fails_or_keeps_objects() {
     let t = |k: u64| memtrace_merge::Timestamp(info.start_time.0 + k);
     use memtrace_merge::AllocSource::Minor;
     let b0 = w
-        .put_alloc(t(1), DomainId(1), 4, 1, Minor, &bt, loc)
+        .put_alloc(
+            &AllocHeader {
+                time: t(1),
+                domain: DomainId(1),
+                length: 4,
+                nsamples: 1,
+                source: Minor,
+            },
+            &bt,
+            loc,
+        )
         .unwrap();
     assert_eq!(b0.0, 10_000);
     for k in 0..10_001 {
-        w.put_alloc(t(2 + k), DomainId(0), 4, 1, Minor, &bt, loc)
-            .unwrap();
+        w.put_alloc(
+            &AllocHeader {
+                time: t(2 + k),
+                domain: DomainId(0),
+                length: 4,
+                nsamples: 1,
+                source: Minor,
+            },
+            &bt,
+            loc,
+        )
+        .unwrap();
     }
     w.put_collect(t(20_000), DomainId(1), b0).unwrap();
     let bytes = w.finish().unwrap();

@@ -4,10 +4,13 @@
 //! the command line under a memory cap); damaged traces as killed workers leave them; and a
 //! merge that fails, runs out of disk or is interrupted leaves nothing behind.
 
-use memtrace_merge::check::{check_file, CheckOptions};
-use memtrace_merge::compare::{compare, CompareOptions};
-use memtrace_merge::merge::{merge, MergeOptions, MergeReport};
-use memtrace_merge::{dump, summary, Error, Reader};
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use memtrace_merge::tools::check::{check_file, CheckOptions};
+use memtrace_merge::tools::compare::{compare, CompareOptions};
+use memtrace_merge::tools::{dump, summary};
+use memtrace_merge::{merge, MergeOptions, MergeReport};
+use memtrace_merge::{Error, Reader};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -130,7 +133,7 @@ fn prefix(b: &[u8], max: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // Deterministic random numbers (splitmix64).
 
-struct Rng(memtrace_merge::thin::Rng);
+struct Rng(splitmix::SplitMix);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -527,7 +530,7 @@ struct Case {
 /// `per_source` deterministic cases per source, kinds taken in turn.
 fn cases(per_source: usize) -> (Vec<(String, Vec<u8>)>, Vec<Case>) {
     let srcs = sources();
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(0x6d65_6d74_7261_6365));
+    let mut rng = Rng(splitmix::SplitMix::from_state(0x6d65_6d74_7261_6365));
     let mut out = Vec::new();
     for (si, (_, b)) in srcs.iter().enumerate() {
         let p = packets(b);
@@ -934,7 +937,7 @@ fn merge_damaged(
     damaged: &[u8],
     readable: &[u8],
     opts: &MergeOptions,
-) -> (memtrace_merge::merge::InputReport, String) {
+) -> (memtrace_merge::InputReport, String) {
     let clean = data("fork/child-4.ctf");
     let d = dir.join("damaged.ctf");
     let r = dir.join("readable.ctf");
@@ -954,8 +957,7 @@ fn merge_damaged(
     assert!(rep.is_valid(), "{:?}", rep.problems);
     assert_eq!(report.inputs.len(), 2);
     assert!(report.inputs[1].warnings.is_empty() && report.inputs[1].skipped_packets == 0);
-    let text = memtrace_merge::merge::format_report(&report)
-        + &memtrace_merge::merge::format_warnings(&report);
+    let text = memtrace_merge::format_report(&report) + &memtrace_merge::format_warnings(&report);
     std::fs::remove_file(&out).unwrap();
     (report.inputs[0].clone(), text)
 }
@@ -1139,7 +1141,7 @@ fn killed_workers_keep_every_complete_event() {
     assert!(report.inputs[0].warnings[0].contains("empty file"));
     let cmp = compare(&[clean], &dir.join("x.ctf"), CompareOptions::default()).unwrap();
     assert!(cmp.equal());
-    let text = memtrace_merge::merge::format_report(&report);
+    let text = memtrace_merge::format_report(&report);
     assert!(text.contains("empty.ctf: skipped"), "{text}");
 }
 
@@ -1325,7 +1327,7 @@ fn a_failed_merge_leaves_no_output_and_the_inputs_untouched() {
     for opts in [
         MergeOptions::default(),
         MergeOptions {
-            rate_mismatch: memtrace_merge::merge::RateMismatch::Fail,
+            rate_mismatch: memtrace_merge::RateMismatch::Fail,
             ..Default::default()
         },
     ] {
@@ -1356,7 +1358,7 @@ fn a_failed_merge_leaves_no_output_and_the_inputs_untouched() {
             &[good.clone(), slow.clone()],
             &out,
             &MergeOptions {
-                rate_mismatch: memtrace_merge::merge::RateMismatch::Fail,
+                rate_mismatch: memtrace_merge::RateMismatch::Fail,
                 ..Default::default()
             },
         )
@@ -1702,7 +1704,7 @@ fn thousands_of_domains_stay_cheap() {
     assert!(worst < 256 * 1024, "peak RSS {worst} KiB");
     let rep = check_file(&empty_f, &CheckOptions::default()).unwrap();
     assert!(rep.is_valid(), "{:?}", rep.problems);
-    assert_eq!(memtrace_merge::reader::MAX_MERGE_DOMAINS, 1024);
+    assert_eq!(memtrace_merge::MAX_MERGE_DOMAINS, 1024);
 }
 
 /// A source allocation whose backtrace has more new frames than one output packet can hold

@@ -13,8 +13,11 @@
 //! oversized or out of range to exercise the `<unknown>` substitution and the clamps).
 
 mod common;
+#[path = "support/splitmix.rs"]
+mod splitmix;
+use memtrace_merge::AllocHeader;
 
-use memtrace_merge::location::Location;
+use memtrace_merge::Location;
 use memtrace_merge::{
     AllocSource, DomainId, Event, LocationCode, LocationList, ObjId, Reader, Timestamp, TraceInfo,
     Writer, WriterOptions,
@@ -26,7 +29,7 @@ use std::sync::Arc;
 // ---- a small deterministic PRNG ---------------------------------------------------------
 
 #[derive(Clone)]
-struct Rng(memtrace_merge::thin::Rng);
+struct Rng(splitmix::SplitMix);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -270,7 +273,7 @@ fn common_prefix(a: &[LocationCode], b: &[LocationCode]) -> usize {
 
 impl Gen {
     fn new(p: &Params) -> Gen {
-        let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed ^ 0x5eed));
+        let mut rng = Rng(splitmix::SplitMix::from_state(p.seed ^ 0x5eed));
         let first = rng.below(p.domains);
         Gen {
             p: p.clone(),
@@ -494,11 +497,13 @@ fn write_stream(p: &Params, c: &Corpus) -> Result<Written, String> {
             } => {
                 used.extend(backtrace.iter().copied());
                 w.put_alloc(
-                    Timestamp(time),
-                    DomainId(domain),
-                    length,
-                    nsamples,
-                    source,
+                    &AllocHeader {
+                        time: Timestamp(time),
+                        domain: DomainId(domain),
+                        length,
+                        nsamples,
+                        source,
+                    },
                     &backtrace,
                     |code| {
                         resolves += 1;
@@ -671,7 +676,7 @@ fn check_read_back(p: &Params, c: &Corpus, w: &Written) -> Result<u64, String> {
 }
 
 fn round_trip(p: &Params) -> Result<(), TestCaseError> {
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
+    let mut rng = Rng(splitmix::SplitMix::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let w = write_stream(p, &c).map_err(TestCaseError::fail)?;
     let n = check_read_back(p, &c, &w).map_err(TestCaseError::fail)?;
@@ -760,7 +765,7 @@ fn big(version: u16, domains: usize) {
         flush_on_switch: true,
     };
     let t0 = std::time::Instant::now();
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
+    let mut rng = Rng(splitmix::SplitMix::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let w1 = write_stream(&p, &c).unwrap();
     let t1 = t0.elapsed();
@@ -819,14 +824,30 @@ fn deep_fresh_backtrace_truncated_unless_lossless() {
             )
             .unwrap();
             let t = Timestamp(START + 10);
-            w.put_alloc(t, DomainId(0), 3, 1, AllocSource::Minor, &bt[..5], |_| {
-                Some(LocationList::from(vec![]))
-            })
+            w.put_alloc(
+                &AllocHeader {
+                    time: t,
+                    domain: DomainId(0),
+                    length: 3,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
+                &bt[..5],
+                |_| Some(LocationList::from(vec![])),
+            )
             .unwrap();
             let id = w
-                .put_alloc(t, DomainId(0), 100, 1, AllocSource::Major, &bt, |_| {
-                    Some(LocationList::from(vec![]))
-                })
+                .put_alloc(
+                    &AllocHeader {
+                        time: t,
+                        domain: DomainId(0),
+                        length: 100,
+                        nsamples: 1,
+                        source: AllocSource::Major,
+                    },
+                    &bt,
+                    |_| Some(LocationList::from(vec![])),
+                )
                 .unwrap();
             w.put_collect(Timestamp(START + 20), DomainId(0), id)
                 .unwrap();
@@ -877,7 +898,7 @@ fn generator_covers_the_interesting_cases() {
         big_gaps: true,
         flush_on_switch: false,
     };
-    let mut rng = Rng(memtrace_merge::thin::Rng::from_state(p.seed));
+    let mut rng = Rng(splitmix::SplitMix::from_state(p.seed));
     let c = Corpus::new(&mut rng, p.pool);
     let mut g = Gen::new(&p);
     let (mut short, mut deep, mut gap30, mut gap25, mut cross, mut promotes) = (0, 0, 0, 0, 0, 0);

@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use memtrace_merge::{check, dump, summary, Reader};
+use memtrace_merge::tools::{check, dump, summary};
+use memtrace_merge::Reader;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(mut r) = Reader::new(data, "fuzz.ctf") {

@@ -46,12 +46,16 @@ impl fmt::Display for LocationCode {
 /// Where an allocation was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AllocSource {
+    /// Allocated on the minor heap (`alloc` in the dump).
     Minor = 0,
+    /// Allocated directly on the major heap (`alloc_major`).
     Major = 1,
+    /// Memory outside the OCaml heap (`alloc_ext`), e.g. a Bigarray's.
     External = 2,
 }
 
 impl AllocSource {
+    /// The source from its byte in the format (0, 1, 2).
     pub fn from_u8(b: u8) -> Result<Self, Malformed> {
         match b {
             0 => Ok(AllocSource::Minor),
@@ -70,14 +74,36 @@ impl AllocSource {
     }
 }
 
+/// An allocation's fields other than its backtrace and id: what a writer is given
+/// ([`crate::Writer::put_alloc`]; the writer numbers the allocations itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocHeader {
+    /// When: microseconds since the epoch.
+    pub time: Timestamp,
+    /// The OCaml 5 domain that allocated (0 in format 2).
+    pub domain: DomainId,
+    /// The block's length in words (bytes for external allocations).
+    pub length: u64,
+    /// Samples drawn from the block: its weight in estimates.
+    pub nsamples: u64,
+    /// Minor, major or external.
+    pub source: AllocSource,
+}
+
 /// An allocation as read: its backtrace is lent (caller-first) until the reader's next event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alloc<'a> {
+    /// When: microseconds since the epoch.
     pub time: Timestamp,
+    /// The OCaml 5 domain whose stream holds the event (0 in format 2).
     pub domain: DomainId,
+    /// The object's id, as the trace numbers its allocations.
     pub id: ObjId,
+    /// The block's length in words (bytes for external allocations).
     pub length: u64,
+    /// Samples drawn from the block: its weight in estimates.
     pub nsamples: u64,
+    /// Minor, major or external.
     pub source: AllocSource,
     /// Frames shared with the previous allocation's backtrace of the same domain, as encoded.
     pub common_prefix: u64,
@@ -91,26 +117,37 @@ pub struct Alloc<'a> {
 /// An event as read from a trace. Location events are absorbed by the reader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event<'a> {
+    /// An allocation.
     Alloc(Alloc<'a>),
+    /// The object survived a minor collection and moved to the major heap.
     Promote {
+        /// When: microseconds since the epoch.
         time: Timestamp,
+        /// The OCaml 5 domain whose stream holds the event (0 in format 2).
         domain: DomainId,
+        /// The object's id, as the trace numbers its allocations.
         id: ObjId,
     },
+    /// The object was freed.
     Collect {
+        /// When: microseconds since the epoch.
         time: Timestamp,
+        /// The OCaml 5 domain whose stream holds the event (0 in format 2).
         domain: DomainId,
+        /// The object's id, as the trace numbers its allocations.
         id: ObjId,
     },
 }
 
 impl<'a> Event<'a> {
+    /// When: microseconds since the epoch.
     pub fn time(&self) -> Timestamp {
         match self {
             Event::Alloc(a) => a.time,
             Event::Promote { time, .. } | Event::Collect { time, .. } => *time,
         }
     }
+    /// The OCaml 5 domain whose stream holds the event (0 in format 2).
     pub fn domain(&self) -> DomainId {
         match self {
             Event::Alloc(a) => a.domain,
@@ -138,38 +175,56 @@ impl<'a> Event<'a> {
 /// An allocation that owns its backtrace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct OwnedAlloc {
+    /// When: microseconds since the epoch.
     pub time: Timestamp,
+    /// The OCaml 5 domain whose stream holds the event (0 in format 2).
     pub domain: DomainId,
+    /// The object's id, as the trace numbers its allocations.
     pub id: ObjId,
+    /// The block's length in words (bytes for external allocations).
     pub length: u64,
+    /// Samples drawn from the block: its weight in estimates.
     pub nsamples: u64,
+    /// Minor, major or external.
     pub source: AllocSource,
+    /// Caller-first (program entry first, allocation site last).
     pub backtrace: Vec<LocationCode>,
 }
 
 /// An event that owns its data.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum OwnedEvent {
+    /// An allocation.
     Alloc(OwnedAlloc),
+    /// The object survived a minor collection and moved to the major heap.
     Promote {
+        /// When: microseconds since the epoch.
         time: Timestamp,
+        /// The OCaml 5 domain whose stream holds the event (0 in format 2).
         domain: DomainId,
+        /// The object's id, as the trace numbers its allocations.
         id: ObjId,
     },
+    /// The object was freed.
     Collect {
+        /// When: microseconds since the epoch.
         time: Timestamp,
+        /// The OCaml 5 domain whose stream holds the event (0 in format 2).
         domain: DomainId,
+        /// The object's id, as the trace numbers its allocations.
         id: ObjId,
     },
 }
 
 impl OwnedEvent {
+    /// When: microseconds since the epoch.
     pub fn time(&self) -> Timestamp {
         match self {
             OwnedEvent::Alloc(a) => a.time,
             OwnedEvent::Promote { time, .. } | OwnedEvent::Collect { time, .. } => *time,
         }
     }
+    /// The OCaml 5 domain whose stream holds the event (0 in format 2).
     pub fn domain(&self) -> DomainId {
         match self {
             OwnedEvent::Alloc(a) => a.domain,

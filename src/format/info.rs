@@ -8,11 +8,17 @@ use crate::format::event::{encode_header, DomainId, EventCode, Timestamp};
 /// What a trace says about the process that wrote it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceInfo {
+    /// Fraction of allocated words sampled (memtrace's default: 1e-6).
     pub sample_rate: f64,
+    /// Bits per word of the traced program (64 or 32).
     pub word_size: u8,
+    /// The traced program's path, as it was run.
     pub executable_name: Vec<u8>,
+    /// The machine's name.
     pub host_name: Vec<u8>,
+    /// The runtime's OCAMLRUNPARAM-style settings.
     pub ocaml_runtime_params: Vec<u8>,
+    /// The traced process's id.
     pub pid: u64,
     /// The info packet's timestamp: the trace's start time.
     pub start_time: Timestamp,

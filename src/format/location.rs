@@ -12,10 +12,15 @@ use std::sync::Arc;
 /// One source location (several make up one backtrace frame when code was inlined).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Location {
+    /// The source file, as the compiler named it.
     pub filename: Arc<[u8]>,
+    /// The line, from 1.
     pub line: u32,
+    /// First column of the expression, from 0.
     pub start_char: u32,
+    /// Column after its end.
     pub end_char: u32,
+    /// The function (OCaml's definition name) the location is in.
     pub defname: Arc<[u8]>,
 }
 

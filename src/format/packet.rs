@@ -45,6 +45,7 @@ pub struct PacketHeader {
 
 impl PacketHeader {
     /// Bytes after the header.
+    #[cfg(test)]
     pub fn content_size(&self) -> u64 {
         self.size - header_size(self.version) as u64
     }

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The sources of the merged trace `merged`, as [`merge`] takes its inputs: directories
+/// The sources of the merged trace `merged`, as [`crate::merge()`] takes its inputs: directories
 /// expanded into their `*.ctf` files (sorted by name) but for `merged` itself, files kept as
 /// given, and each file once.
 pub fn expand_inputs(inputs: &[PathBuf], merged: &Path) -> Result<Vec<PathBuf>> {

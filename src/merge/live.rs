@@ -6,9 +6,8 @@ use crate::format::location::IntMap;
 /// Ids within the ring's length of the newest allocation are looked up by index; most
 /// sampled objects die young, so the map holds only the long-lived ones and memory stays
 /// bounded by them. The ring starts at `MIN_RING` slots and doubles, up to `MAX_RING`,
-/// when many of the objects it moves on from still live: in the fork traces one object in
-/// ten lives 4,096 to 16,384 allocations, and keeping those in the ring rather than the map
-/// made their merge 2-3% faster.
+/// when many of the objects it moves on from still live, as in the fork traces, where
+/// many objects live a few thousand allocations (benches/PERFORMANCE.md, "live: the ring").
 const MIN_RING: usize = 4096;
 const MAX_RING: usize = 16384;
 const EMPTY: u64 = u64::MAX;

@@ -48,6 +48,7 @@ pub enum RateMismatch {
 pub struct MergeOptions {
     /// Output format version (2 or 3); None: 2 when every input is ≤ 2, else 3.
     pub format: Option<u16>,
+    /// What to do when the inputs' sampling rates differ.
     pub rate_mismatch: RateMismatch,
     /// Seed of the thinning's random numbers.
     pub seed: u64,
@@ -67,7 +68,7 @@ pub struct MergeOptions {
     /// an earlier merge of the same traces), which is otherwise merged once.
     pub keep_duplicates: bool,
     /// Cancels the merge when set (from another thread): it then returns
-    /// [`Error::Cancelled`], leaving no output.
+    /// [`crate::Error::Cancelled`], leaving no output.
     pub cancel: crate::Cancel,
     /// Flush the output to disk before renaming it into place, so that it survives a power
     /// loss (a few milliseconds). Without it the output is still never seen half-written.
@@ -75,42 +76,47 @@ pub struct MergeOptions {
     /// Threads decoding the inputs ahead of the merge (None: the cores but one, at least
     /// one, at most four). The output does not depend on it.
     pub decode_threads: Option<usize>,
-    /// Encode the backtraces of streams that take turns in one output domain ahead, each
-    /// whole in its own share of the domain's cache (see [`crate::pipeline::share`]), as they are
-    /// decoded (by the decoding threads, or by the merging thread rather than wait for
-    /// them), rather than each after the previous allocation of the domain on the
-    /// merging thread; a stream alone in its domain (format 3) is encoded ahead in the
-    /// whole cache, after the frames it keeps of its previous backtrace, as the merging
-    /// thread would. None: when that pays (backtraces that repeat much of the stream's
-    /// previous one); never beyond 16 streams a domain, for a lone input (copied as it
-    /// is), nor for a thinned input of several streams (its draws are made again as its
-    /// stream is encoded). The output is valid either way, but not the same bytes.
-    /// Encoding ahead, a backtrace too deep for its share (more distinct frames than the
-    /// share holds) has the merge made again without encoding ahead, rather than cut.
+    /// Encode backtraces on the decoding threads, each input stream in its own share of
+    /// its output domain's backtrace cache, rather than on the merging thread. None: when
+    /// that pays (backtraces repeating much of the previous one; at most 16 streams a
+    /// domain; not for a lone input, nor a thinned input of several streams). Either way
+    /// the output is valid, but the bytes differ; a backtrace too deep for its share has
+    /// the merge made again without encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
 }
 
 /// What happened to one input.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct InputReport {
+    /// The input file.
     pub path: PathBuf,
     /// The argument it came from: its index among the inputs given (a file, or the
     /// directory holding it).
     pub arg: usize,
+    /// The process id its trace-info names.
     pub pid: u64,
+    /// Its format version.
     pub format: u16,
+    /// Its sampling rate.
     pub sample_rate: f64,
     /// Events read (allocs + promotes + collects).
     pub events: u64,
+    /// Allocations read.
     pub allocs: u64,
+    /// Promotes read.
     pub promotes: u64,
+    /// Collects read.
     pub collects: u64,
     /// Allocations written to the output (fewer than `allocs` when thinned).
     pub allocs_written: u64,
+    /// Samples of the allocations read.
     pub samples_read: u64,
+    /// Samples of the allocations written.
     pub samples_written: u64,
     /// Fraction of samples kept by thinning (1.0 when not thinned).
     pub keep_fraction: f64,
+    /// Packets the reader skipped (wrong pid, out of sequence, truncated).
     pub skipped_packets: u64,
     /// Location codes given a fresh code because another input used them differently.
     pub remapped_codes: u64,
@@ -127,14 +133,23 @@ pub struct InputReport {
 
 /// What a merge did.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct MergeReport {
+    /// One report per input, in the order given.
     pub inputs: Vec<InputReport>,
+    /// The merged trace's path.
     pub output: PathBuf,
+    /// The merged trace's format version.
     pub format: u16,
+    /// Allocations written.
     pub allocs: u64,
+    /// Promotes written.
     pub promotes: u64,
+    /// Collects written.
     pub collects: u64,
+    /// Location codes given a fresh code, over all inputs.
     pub remapped_codes: u64,
+    /// Warnings over all inputs.
     pub warnings: u64,
     /// Whether backtraces were encoded ahead ([`MergeOptions::encode_ahead`]).
     pub encoded_ahead: bool,

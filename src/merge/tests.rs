@@ -1,6 +1,7 @@
 use super::inputs::{describe_merge, Opened};
 use super::*;
 use crate::error::Error;
+use crate::format::event::AllocHeader;
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::event::{DomainId, Timestamp};
 use crate::format::info::TraceInfo;
@@ -55,11 +56,13 @@ fn write_repeating(path: &Path, pid: u64, file: &str) {
             .collect();
         let id = w
             .put_alloc(
-                Timestamp(t),
-                DomainId(0),
-                2,
-                1,
-                AllocSource::Minor,
+                &AllocHeader {
+                    time: Timestamp(t),
+                    domain: DomainId(0),
+                    length: 2,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
                 &bt,
                 loc,
             )

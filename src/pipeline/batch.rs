@@ -130,9 +130,8 @@ impl Batch {
             evs: Vec::with_capacity(events),
             wide: Vec::new(),
             // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
-            // room for the last backtrace's new frames, pages touched only when used: with
-            // 256, fork/'s batches grew 21 times, each a copy into new pages, and its merge
-            // took 1.7% more time (2,115 page faults rather than 1,876))
+            // room for the last backtrace's new frames, pages touched only when used, so
+            // that batches seldom grow by a copy into new pages (benches/PERFORMANCE.md, "Batch::with_capacity"))
             frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
             slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
             locs: Vec::new(),
@@ -147,11 +146,7 @@ impl Batch {
     /// Write over the room for events (and codewords) of a batch the merging thread let go
     /// of, in one pass before filling it. Its cache lines are in the merging thread's core;
     /// taken back one by one as events are added, each is a wait that the decoding thread
-    /// cannot hide when the host places the two vCPUs apart (a round trip between them of
-    /// ~330 ns rather than ~60): its work then took 2.5 times as long. Taken back in one
-    /// pass, merges in such phases took 15-25% less (fork/ 45 -> 38 ms, a 0.1-scale
-    /// synthetic set encoded ahead 101 -> 72 ms), and the same when the vCPUs are close;
-    /// taking back the frames' room as well, fork/ 4% less again (36.3 -> 34.8 ms).
+    /// cannot hide when the host places the two vCPUs apart (benches/PERFORMANCE.md, "Batch::take_back").
     pub(crate) fn take_back(&mut self) {
         const BLANK: Timed = Timed {
             time: 0,
@@ -194,23 +189,16 @@ pub(crate) fn order_key(time: u64, input: usize, rank: u8, stream: usize) -> u12
 }
 
 /// Events per batch (fewer with many streams). Small batches keep the memory touched, and
-/// so the page faults, down: 1,024 measured fastest on the fork traces (4,096 took 20%
-/// longer, mostly in the kernel), until the merging thread kept to one stream when it
-/// fills ahead and wrote the output itself on two CPUs; then 2,048, paired with 1,024 in
-/// turns: fork/ 0.90 and 0.955 (40 pairs each), the 94 MB synthetic set 0.956-0.979
-/// (24-30 pairs, three runs), the 78 MB set 1.04 then 0.99, the deep set 1.00; peak RSS
-/// 1 MB more (11.5 MB).
+/// so the page faults, down; too small, and the threads hand batches over too often
+/// (benches/PERFORMANCE.md, "BATCH_EVENTS").
 pub(crate) const BATCH_EVENTS: usize = 2048;
 /// Events per batch where backtraces are encoded ahead, the decoding threads' work per
-/// event the most: half the handoffs between the threads. Paired with 2,048 in turns on
-/// a faster machine (2026-12-02): the 94 MB set 0.940, 0.975, 0.979 (24-30 pairs), the
-/// 78 MB set 0.987, the deep set 0.995 (20 each); peak RSS 11.2 -> 12.8 MB. (fork/, not
-/// encoded ahead, 1.011: it keeps 2,048.)
+/// event the most: half the handoffs between the threads (benches/PERFORMANCE.md, "BATCH_EVENTS_AHEAD").
 pub(crate) const BATCH_EVENTS_AHEAD: usize = 4096;
 /// Events in a stream's first batch: the merge can start once every stream has one.
 pub(crate) const FIRST_BATCH_EVENTS: usize = 64;
-/// A batch ends early once it holds this many frames (deep backtraces). 8,192 rather than
-/// 16,384: the merge of fork/ touches 25% fewer pages and takes ~5% less CPU.
+/// A batch ends early once it holds this many frames (deep backtraces), so that deep
+/// stacks do not make every batch's pages many (benches/PERFORMANCE.md, "BATCH_FRAMES").
 pub(crate) const BATCH_FRAMES: usize = 8_192;
 
 /// The room one encoding made ahead may take: a packet's, but for its header and the

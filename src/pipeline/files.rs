@@ -48,6 +48,7 @@ impl FilePool {
         FilePool::new((open_files_limit() / 2).clamp(4, 512) / n.max(1))
     }
 
+    #[cfg(test)]
     /// Most files ever open at once through this pool.
     pub fn peak_open(&self) -> usize {
         lock(&self.0).peak_open
@@ -84,9 +85,6 @@ pub struct LazyFile {
 }
 
 impl LazyFile {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
     /// Let go of the descriptor (e.g. at the end of the input).
     pub fn close(&self) {
         // (the pool first, then a slot: the order `read` takes them in)

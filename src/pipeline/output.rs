@@ -37,14 +37,10 @@ enum To {
 
 impl OutputFile {
     /// Written on the caller's thread: where no CPU is free for another (a merge on two
-    /// CPUs, its merging thread on one and a decoding thread on the other). The writing
-    /// thread then ran on the decoding thread's CPU, its kernel work pushing that
-    /// thread's tables out of the core's caches: writing on the merging thread took
-    /// 0.93-0.96 of the time on the bench's 94 MB and 78 MB synthetic sets (20-30 pairs in
-    /// turns), 1.09 and then 0.99 on its deep set (24 pairs each), 1.01 on fork/ (40).
-    /// That holds where the decoding threads encode the backtraces ahead; where the
-    /// merging thread encodes them, it is the busier one and the file is written on a
-    /// thread of its own (fork/: 0.94 of the time, 40 pairs).
+    /// CPUs, its merging thread on one and a decoding thread on the other), a writing
+    /// thread would share the decoding thread's CPU and push its tables out of the core's
+    /// caches. Where the merging thread encodes the backtraces itself it is the busier one,
+    /// and the file is written on a thread of its own (benches/PERFORMANCE.md, "OutputFile::here").
     pub fn here(file: File) -> Self {
         OutputFile {
             buf: Vec::with_capacity(CHUNK),
@@ -53,6 +49,7 @@ impl OutputFile {
     }
 
     /// Written on a thread of its own.
+    #[cfg(test)]
     pub fn new(file: File) -> io::Result<Self> {
         Self::on_thread(file, None)
     }

@@ -3,10 +3,8 @@
 //!
 //! Left to itself, the kernel often puts a new thread, or one that another wakes, on the
 //! CPU of the thread that made or woke it: a merging and a decoding thread then take turns
-//! on one CPU while another is idle. On the 2-vCPU development machine, keeping the
-//! helpers off the merging thread's CPU made the `fork/` merge 4-9% faster (3 x 100 runs
-//! paired in turns; 10-18% in an earlier, faster hour with a first version), as fast as
-//! pinning all three threads. The merging thread itself (the caller's) is never
+//! on one CPU while another is idle; keeping the helpers off the merging thread's CPU is
+//! as fast as pinning all three threads (benches/PERFORMANCE.md, "placement"). The merging thread itself (the caller's) is never
 //! restricted: only the helpers, only within the CPUs they were given, while they run.
 
 use crate::sys::{current_cpu, keep_off, this_thread, CpuSet};

@@ -8,7 +8,7 @@ use crate::format::event::{decode_header, AllocSource, EventCode, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
 use crate::format::packet::PacketHeader;
 
-/// What [`Reader::read_events`] hands events to (times and ids as plain numbers).
+/// What [`crate::Reader::read_events`] hands events to (times and ids as plain numbers).
 pub trait EventSink {
     /// A location event defined `code` (the first time it is defined).
     fn location(&mut self, code: LocationCode, locs: &LocationList);
@@ -26,7 +26,9 @@ pub trait EventSink {
         backtrace: &[LocationCode],
         slots: &[u16],
     );
+    /// A promote of object `id` at `time`.
     fn promote(&mut self, time: u64, id: u64);
+    /// A collect of object `id` at `time`.
     fn collect(&mut self, time: u64, id: u64);
     /// Asked after each allocation: true ends the batch early (before `max` events).
     fn full(&self) -> bool {

@@ -22,8 +22,11 @@ use std::path::Path;
 
 /// Something the reader skipped or tolerated, with where it happened.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Warning {
+    /// Where: file, byte offset, packet.
     pub at: Position,
+    /// What happened, in words.
     pub what: String,
 }
 
@@ -35,13 +38,19 @@ impl std::fmt::Display for Warning {
 
 /// Counts kept while reading.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReadStats {
     /// Packets after the info packet that were read (processed or skipped).
     pub packets: u64,
+    /// Packets skipped (wrong pid, out of sequence, truncated).
     pub skipped_packets: u64,
+    /// Location events read.
     pub location_events: u64,
+    /// Allocations read.
     pub allocs: u64,
+    /// Promotes read.
     pub promotes: u64,
+    /// Collects read.
     pub collects: u64,
     /// Bytes consumed from the input.
     pub bytes: u64,
@@ -191,9 +200,11 @@ impl<R: Read> Reader<R> {
         self.strict_promotes = yes;
     }
 
+    /// The trace-info packet's contents.
     pub fn info(&self) -> &TraceInfo {
         &self.info
     }
+    /// The name errors and warnings give the input (its path, for files).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -201,9 +212,11 @@ impl<R: Read> Reader<R> {
     pub fn locations(&self) -> &LocationTable {
         &self.locations
     }
+    /// The locations of one code, if defined so far.
     pub fn lookup(&self, code: crate::format::event::LocationCode) -> Option<&LocationList> {
         self.locations.get(&code)
     }
+    /// Counts of what was read so far.
     pub fn stats(&self) -> &ReadStats {
         &self.stats
     }
@@ -211,6 +224,7 @@ impl<R: Read> Reader<R> {
     pub fn warnings(&self) -> &[Warning] {
         &self.warnings
     }
+    /// Warnings counted beyond the ones kept.
     pub fn warnings_dropped(&self) -> u64 {
         self.warnings_dropped
     }

@@ -26,10 +26,12 @@ impl Default for CheckOptions {
 
 /// One reason a trace is invalid.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Problem {
     /// File, byte offset and packet. For a reader error: where the reader stopped. For a
     /// location or lifecycle problem: the reader's position just after the offending event.
     pub at: Position,
+    /// What is wrong, in words.
     pub message: String,
 }
 
@@ -41,22 +43,29 @@ impl fmt::Display for Problem {
 
 /// The outcome of checking one trace.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct CheckReport {
+    /// The trace checked (the name given to the reader).
     pub file: String,
     /// Events read (up to a reader error, if any).
     pub allocs: u64,
+    /// Promote events read.
     pub promotes: u64,
+    /// Collect events read.
     pub collects: u64,
     /// Sum of the allocations' nsamples.
     pub samples: u64,
     /// Objects allocated and not collected at the end (or when reading stopped).
     pub live_at_end: u64,
+    /// Problems found, in the order found (at most `max_problems`).
     pub problems: Vec<Problem>,
     /// Problems beyond `max_problems`, counted only.
     pub problems_dropped: u64,
     /// The reader stopped on an error (always the last problem).
     pub reader_error: bool,
+    /// The reader's warnings (skipped packets, tolerated oddities).
     pub warnings: Vec<Warning>,
+    /// Warnings the reader counted but did not keep.
     pub warnings_dropped: u64,
 }
 

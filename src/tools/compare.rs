@@ -257,10 +257,15 @@ fn list_hash(l: &[Location]) -> u128 {
 
 /// The outcome of comparing sources with a merged trace.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CompareReport {
+    /// Allocations in the sources.
     pub source_allocs: u64,
+    /// Allocations in the merged trace.
     pub merged_allocs: u64,
+    /// Samples of the sources' allocations.
     pub source_samples: u64,
+    /// Samples of the merged trace's allocations.
     pub merged_samples: u64,
     /// Allocations of the sources missing from the merged trace (as a multiset), not
     /// counting those thinning dropped.
@@ -305,6 +310,8 @@ impl std::fmt::Display for CompareReport {
 }
 
 impl CompareReport {
+    /// Whether the merged trace holds exactly the sources' allocations (thinning aside)
+    /// and nothing impossible.
     pub fn equal(&self) -> bool {
         self.missing == 0
             && self.extra == 0
@@ -394,6 +401,7 @@ pub fn compare(sources: &[PathBuf], merged: &Path, opts: CompareOptions) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::event::AllocHeader;
     use crate::format::event::{AllocSource, DomainId, ObjId, Timestamp};
     use crate::writer::{tests::info, tests::locs, Writer, WriterOptions};
 
@@ -406,15 +414,45 @@ mod tests {
         let t = |k: u64| Timestamp(1_000_000 + k);
         let d = DomainId(0);
         let a = w
-            .put_alloc(t(1), d, 3, 1, AllocSource::Minor, &bt, locs)
+            .put_alloc(
+                &AllocHeader {
+                    time: t(1),
+                    domain: d,
+                    length: 3,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
+                &bt,
+                locs,
+            )
             .unwrap();
         extra(&mut w, a);
         w.put_promote(t(4), d, a).unwrap();
         let b = w
-            .put_alloc(t(5), d, 4, 2, AllocSource::Major, &bt[..1], locs)
+            .put_alloc(
+                &AllocHeader {
+                    time: t(5),
+                    domain: d,
+                    length: 4,
+                    nsamples: 2,
+                    source: AllocSource::Major,
+                },
+                &bt[..1],
+                locs,
+            )
             .unwrap();
         let c = w
-            .put_alloc(t(6), d, 5, 1, AllocSource::Minor, &bt, locs)
+            .put_alloc(
+                &AllocHeader {
+                    time: t(6),
+                    domain: d,
+                    length: 5,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                },
+                &bt,
+                locs,
+            )
             .unwrap();
         for (k, id) in [a, b, c].into_iter().enumerate() {
             w.put_collect(t(10 + k as u64), d, id).unwrap();

@@ -1,5 +1,6 @@
 //! Re-encoding one trace in file order through the writer, as the reference `copy` test
 //! does: the proof that reader and writer agree with the OCaml library byte for byte.
+use crate::format::event::AllocHeader;
 
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, DomainId, Event, LocationCode, ObjId, Timestamp};
@@ -278,8 +279,7 @@ fn is_id_layout_error(e: &Error) -> bool {
 const PROBE_EVENTS: usize = 16 * BATCH;
 /// New frames per event from which reading ahead on another thread pays: below it, handing
 /// the events over (a cache line from one core to the other for each 64 bytes) costs
-/// about what it saves (measured: fork/ child traces, 6 frames an event, as fast either
-/// way; `rates/fast.ctf`, 7.5, a little faster; the synthetic trace, 35, 1.6 times).
+/// about what it saves (benches/PERFORMANCE.md, "copy: DEEP").
 const DEEP: usize = 8;
 
 /// The writing side of a batched copy: the codes' locations as defined so far, the
@@ -442,11 +442,13 @@ fn convert<R: Read, W: Write>(
         match ev {
             Event::Alloc(a) => {
                 let id = w.put_alloc(
-                    a.time,
-                    dom,
-                    a.length,
-                    a.nsamples,
-                    a.source,
+                    &AllocHeader {
+                        time: a.time,
+                        domain: dom,
+                        length: a.length,
+                        nsamples: a.nsamples,
+                        source: a.source,
+                    },
                     a.backtrace,
                     |c| table.get(&c).cloned(),
                 )?;

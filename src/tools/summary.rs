@@ -17,6 +17,7 @@ type IntSet<K> = HashSet<K, BuildHasherDefault<crate::format::location::IntHashe
 
 /// What `memtrace-merge info` reports about a trace.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Summary {
     /// The name the reader was given (the path for files).
     pub file: String,
@@ -25,16 +26,22 @@ pub struct Summary {
     pub info: TraceInfo,
     /// Allocations, promotes and collects (location events not included).
     pub events: u64,
+    /// Allocations on the minor heap.
     pub minor_allocs: u64,
+    /// Allocations directly on the major heap.
     pub major_allocs: u64,
+    /// External allocations (outside the OCaml heap).
     pub external_allocs: u64,
+    /// Promote events.
     pub promotes: u64,
+    /// Collect events.
     pub collects: u64,
     /// Sum of the allocations' nsamples.
     pub samples: u64,
     /// Earliest and latest event time, in µs after `info.start_time` (None without events).
     /// In format 3 the file is not in time order across domains: these are min and max.
     pub first_event_us: Option<i64>,
+    /// Latest event time, in µs after `info.start_time`.
     pub last_event_us: Option<i64>,
     /// Frames of the longest decoded backtrace.
     pub max_backtrace_length: u64,
@@ -57,6 +64,7 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Allocations of every source.
     pub fn allocs(&self) -> u64 {
         self.minor_allocs + self.major_allocs + self.external_allocs
     }

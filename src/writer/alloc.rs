@@ -6,7 +6,9 @@ use super::{common_prefix, Writer, MAX_EV_SIZE};
 use crate::error::{Error, Result};
 use crate::format::backtrace::{self};
 use crate::format::buf::WriteBuf;
-use crate::format::event::{AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp};
+use crate::format::event::{
+    AllocHeader, AllocSource, DomainId, EventCode, LocationCode, ObjId, Timestamp,
+};
 use crate::format::location::LocationList;
 use crate::format::packet::MAX_PACKET_SIZE;
 use std::io::Write;
@@ -15,17 +17,19 @@ impl<W: Write> Writer<W> {
     /// Write an allocation with its backtrace (caller-first). `resolve` gives the locations
     /// of a code the first time it misses the cache (and again after eviction).
     /// Returns the id the allocation gets in this trace.
-    #[allow(clippy::too_many_arguments)]
     pub fn put_alloc(
         &mut self,
-        time: Timestamp,
-        domain: DomainId,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
+        header: &AllocHeader,
         backtrace: &[LocationCode],
         resolve: impl FnMut(LocationCode) -> Option<LocationList>,
     ) -> Result<ObjId> {
+        let AllocHeader {
+            time,
+            domain,
+            length,
+            nsamples,
+            source,
+        } = *header;
         let si = self.stream_at(domain, time.0)?;
         let s = &mut self.streams[si];
         let common = common_prefix(&s.last_backtrace, backtrace);
@@ -51,7 +55,7 @@ impl<W: Write> Writer<W> {
     /// (the longest gives the reference's bytes); the writer then keeps no backtrace of its
     /// own, so a writer is fed through this or [`Writer::put_alloc`], not both.
     #[allow(clippy::too_many_arguments)]
-    pub fn put_alloc_after(
+    pub(crate) fn put_alloc_after(
         &mut self,
         time: Timestamp,
         domain: DomainId,
@@ -71,7 +75,7 @@ impl<W: Write> Writer<W> {
     /// encoder checks each hint, and a right one spares it waiting on the prediction before.
     /// On return the hints of the encoded frames are their entries.
     #[allow(clippy::too_many_arguments)]
-    pub fn put_alloc_hinted(
+    pub(crate) fn put_alloc_hinted(
         &mut self,
         time: Timestamp,
         domain: DomainId,
@@ -91,13 +95,13 @@ impl<W: Write> Writer<W> {
 
     /// Write an allocation whose backtrace the caller encoded: its first `common` frames
     /// the previous allocation's (of the domain; 0 for a backtrace sent whole, as
-    /// [`crate::pipeline::share::Share::encode`] writes them), then `ncodes` codewords in `codewords`
+    /// `Share::encode` writes them), then `ncodes` codewords in `codewords`
     /// for `nframes` frames. `misses` are the codes sent
     /// whole among them, whose locations go out before the packet. A domain's allocations
     /// all come this way, or none do: the writer's own cache then knows nothing of the
     /// reader's, and packets carry no cache verifier.
     #[allow(clippy::too_many_arguments)]
-    pub fn put_alloc_encoded(
+    pub(crate) fn put_alloc_encoded(
         &mut self,
         time: Timestamp,
         domain: DomainId,

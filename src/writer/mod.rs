@@ -80,11 +80,17 @@ impl Stream {
 
 /// Counts of what was written.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WriteStats {
+    /// Packets written, the trace-info packet included.
     pub packets: u64,
+    /// Bytes written.
     pub bytes: u64,
+    /// Allocations written.
     pub allocs: u64,
+    /// Promotes written.
     pub promotes: u64,
+    /// Collects written.
     pub collects: u64,
     /// Backtraces that did not fit the reference budget and were moved to a fresh packet.
     pub relocated_backtraces: u64,
@@ -199,9 +205,11 @@ impl<W: Write> Writer<W> {
         &mut self.out
     }
 
+    /// Counts of what was written so far.
     pub fn stats(&self) -> &WriteStats {
         &self.stats
     }
+    /// The format version written (2 or 3).
     pub fn version(&self) -> u16 {
         self.version
     }
@@ -462,6 +470,7 @@ impl<W: Write> Writer<W> {
     }
 
     #[inline]
+    /// Write a promote of object `id` (of `domain`'s stream).
     pub fn put_promote(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
         self.put_id_event(EventCode::Promote, time, domain, id)?;
         self.stats.promotes += 1;
@@ -469,6 +478,7 @@ impl<W: Write> Writer<W> {
     }
 
     #[inline]
+    /// Write a collect of object `id` (of `domain`'s stream).
     pub fn put_collect(&mut self, time: Timestamp, domain: DomainId, id: ObjId) -> Result<()> {
         self.put_id_event(EventCode::Collect, time, domain, id)?;
         self.stats.collects += 1;

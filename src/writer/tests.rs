@@ -1,4 +1,5 @@
 use super::*;
+use crate::format::event::AllocHeader;
 use crate::format::event::AllocSource;
 use crate::format::event::Event;
 use crate::format::location::Location;
@@ -58,10 +59,15 @@ fn allocation_ids_past_the_last_are_an_error() {
     .unwrap();
     let t = Timestamp(1_000_001);
     let bt = [LocationCode(5)];
-    w.put_alloc(t, DomainId(0), 2, 1, AllocSource::Minor, &bt, locs)
-        .unwrap();
-    w.put_alloc(t, DomainId(0), 2, 1, AllocSource::Minor, &bt, locs)
-        .unwrap();
+    let h = AllocHeader {
+        time: t,
+        domain: DomainId(0),
+        length: 2,
+        nsamples: 1,
+        source: AllocSource::Minor,
+    };
+    w.put_alloc(&h, &bt, locs).unwrap();
+    w.put_alloc(&h, &bt, locs).unwrap();
     let mut b = w.finish().unwrap();
     // the last packet, the allocations': its first and last alloc ids, the last 16
     // bytes of its 68-byte header
@@ -140,11 +146,13 @@ fn lossless_keeps_deep_backtraces_whole_and_cuts_only_what_no_packet_holds() {
         .enumerate()
     {
         w.put_alloc(
-            Timestamp(1_000_000 + k as u64),
-            DomainId(0),
-            3,
-            1,
-            AllocSource::Minor,
+            &AllocHeader {
+                time: Timestamp(1_000_000 + k as u64),
+                domain: DomainId(0),
+                length: 3,
+                nsamples: 1,
+                source: AllocSource::Minor,
+            },
             bt,
             locs,
         )
@@ -179,11 +187,13 @@ fn reference_mode_truncates_like_the_reference() {
     )
     .unwrap();
     w.put_alloc(
-        Timestamp(1_000_000),
-        DomainId(0),
-        3,
-        1,
-        AllocSource::Minor,
+        &AllocHeader {
+            time: Timestamp(1_000_000),
+            domain: DomainId(0),
+            length: 3,
+            nsamples: 1,
+            source: AllocSource::Minor,
+        },
         &deep,
         locs,
     )

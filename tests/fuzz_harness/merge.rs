@@ -2,10 +2,10 @@
 //! replay of its findings (`tests/fuzz_regressions.rs`): two traces merged, the output
 //! checked and compared with the inputs taken.
 
-use memtrace_merge::check::{check_file, CheckOptions};
-use memtrace_merge::compare::{compare, CompareOptions};
-use memtrace_merge::merge::{merge, MergeOptions, MergeReport};
+use memtrace_merge::tools::check::{check_file, CheckOptions};
+use memtrace_merge::tools::compare::{compare, CompareOptions};
 use memtrace_merge::Error;
+use memtrace_merge::{merge, MergeOptions, MergeReport};
 use std::path::{Path, PathBuf};
 
 /// Separates the two inputs in a fuzz case (the seed corpus uses it too).
