@@ -693,26 +693,8 @@ impl CacheWriter {
                     Self::put_hit(b, orig, 0);
                     return (ncodes, pos);
                 }
-                // the run of correctly predicted frames after the hit (at most 255)
                 let start = pos;
-                let end = n.min(pos + 255);
-                // (16 frames first: only a run that long is looked at for recursion)
-                let first = if R { end.min(pos + 16) } else { end };
-                pos = if H {
-                    Self::follow_hinted(frames, hints, pos, first, &mut predictor, cache, next)
-                } else {
-                    Self::follow(frames, pos, first, &mut predictor, cache, next)
-                };
-                if R && pos == first && pos < end {
-                    // (the hints of the frames counted are left as they were: filling them
-                    // in would cost what counting saves)
-                    pos = Self::skip_recursion(frames, pos, end, &mut predictor, next);
-                    pos = if H {
-                        Self::follow_hinted(frames, hints, pos, end, &mut predictor, cache, next)
-                    } else {
-                        Self::follow(frames, pos, end, &mut predictor, cache, next)
-                    };
-                }
+                pos = Self::run::<R, H>(frames, hints, pos, &mut predictor, cache, next);
                 Self::put_hit(b, orig, pos - start);
                 if pos == n {
                     return (ncodes, pos);
@@ -726,6 +708,39 @@ impl CacheWriter {
                 continue 'outer;
             }
         }
+    }
+
+    /// The run of correctly predicted frames after a hit at `pos - 1` (at most 255): the
+    /// position of the first frame not predicted (or the run's end), `predictor` at the
+    /// last predicted. With `R`, a run of 16 is looked at for recursion and counted fast.
+    #[inline(always)]
+    fn run<const R: bool, const H: bool>(
+        frames: &[LocationCode],
+        hints: &mut [u16],
+        pos: usize,
+        predictor: &mut usize,
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+    ) -> usize {
+        let end = frames.len().min(pos + 255);
+        // (16 frames first: only a run that long is looked at for recursion)
+        let first = if R { end.min(pos + 16) } else { end };
+        let mut pos = if H {
+            Self::follow_hinted(frames, hints, pos, first, predictor, cache, next)
+        } else {
+            Self::follow(frames, pos, first, predictor, cache, next)
+        };
+        if R && pos == first && pos < end {
+            // (the hints of the frames counted are left as they were: filling them in
+            // would cost what counting saves)
+            pos = Self::skip_recursion(frames, pos, end, predictor, next);
+            pos = if H {
+                Self::follow_hinted(frames, hints, pos, end, predictor, cache, next)
+            } else {
+                Self::follow(frames, pos, end, predictor, cache, next)
+            };
+        }
+        pos
     }
 }
 

@@ -105,6 +105,23 @@ struct Doorbell {
     sleeping: bool,
 }
 
+impl Wake {
+    /// Sleep until rung (or `timeout`), unless rung since the last wait.
+    fn wait(&self, timeout: Duration) {
+        let mut f = self.flag.lock().unwrap_or_else(|e| e.into_inner());
+        if !f.rung {
+            f.sleeping = true;
+            f = self
+                .cv
+                .wait_timeout(f, timeout)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            f.sleeping = false;
+        }
+        f.rung = false;
+    }
+}
+
 struct Shared {
     queues: Vec<Queue>,
     /// The worker decoding each stream.
@@ -113,7 +130,7 @@ struct Shared {
     abort: AtomicBool,
     /// Batches the merge is done with, the oldest first: the one it let go of last is
     /// still in its core's caches, and writing it from another core would take every line
-    /// away from there (reusing it first took 9% more CPU).
+    /// away from there (benches/PERFORMANCE.md, "Shared::free").
     free: Mutex<VecDeque<Batch>>,
     bytes_read: AtomicU64,
     /// Per stream: its decoding state, once its decoding thread has opened it. Whoever
@@ -313,10 +330,8 @@ impl Decoder {
     /// another stream, and queue it, as its decoding thread would, so that the merging
     /// thread works rather than wait (false: none could be filled). The stream it filled
     /// ahead last while that one has room, else the one with the fewest queued: a stream's
-    /// decoding tables (~300 KiB in all) are then in this core's caches, rather than
-    /// fetched from the decoding thread's core for one batch and back for its next. On
-    /// the 94 MB synthetic set that took 0.92-0.94 of the time (20 and 30 pairs in turns),
-    /// on the others 0.97-0.98.
+    /// decoding tables are then in this core's caches, rather than fetched from the
+    /// decoding thread's core for one batch and back for its next (benches/PERFORMANCE.md, "fill_ahead").
     fn fill_ahead(&self, i: usize) -> bool {
         let sh = &*self.shared;
         let h = self.helped.get();
@@ -543,71 +558,22 @@ fn decode_all(
     // (registered while it runs: dropped when it returns)
     let _placed = sh.placement.helper();
     let pool = FilePool::from_rlimit_share(nworkers);
-    let mut mine: Vec<usize> = Vec::with_capacity(specs.len());
-    for (index, s) in specs {
-        let mut rep = DecodeReport::default();
-        let reader = pool
-            .open(&s.path)
-            .map_err(|e| crate::error::Error::input(&s.name, "open", e))
-            .and_then(|f| Reader::new(f, &s.name.display().to_string()));
-        let reader = match reader {
-            Ok(mut r) => {
-                r.set_domain_filter(s.domain);
-                r.set_keep_slots(true);
-                Some(r)
-            }
-            Err(e) => {
-                rep.reopen_failed = Some(e);
-                None
-            }
-        };
-        *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(DecState {
-            reader,
-            input: s.input,
-            rep,
-            bt_valid: false,
-            enc: s
-                .encoded_ahead()
-                .then(|| Box::new(Encoder::new(s.share, s.tagged, s.thinner))),
-            seq: 0,
-            done: false,
-            first: true,
-            counted: 0,
-        });
-        mine.push(index);
-    }
+    let mine: Vec<usize> = specs
+        .into_iter()
+        .map(|(index, s)| {
+            *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(open_stream(&pool, s));
+            index
+        })
+        .collect();
     let wake = &sh.wakes[me];
     loop {
         if sh.abort.load(Ordering::Relaxed) {
             break;
         }
-        // Fill the stream with the fewest batches ready (the one the merge may be waiting
-        // for), one batch at a time. (A stream the merging thread is filling is skipped.)
-        let mut pick = None;
-        let mut fewest = DEPTH;
-        let mut all_done = true;
-        for &i in &mine {
-            let Some(st) = try_lock(&sh.states[i]) else {
-                all_done = false;
-                continue;
-            };
-            let Some(s) = st.as_ref() else { continue };
-            if s.done {
-                continue;
-            }
-            all_done = false;
-            let n = sh.queues[i].queued.load(Ordering::Relaxed);
-            if n < fewest {
-                fewest = n;
-                pick = Some(i);
-                if n == 0 {
-                    break;
-                }
-            }
-        }
-        if all_done {
+        let Some(pick) = pick_stream(sh, &mine) else {
             break;
-        }
+        };
         let mut worked = false;
         if let Some(i) = pick {
             let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
@@ -630,17 +596,7 @@ fn decode_all(
             }
         }
         if !worked {
-            let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
-            if !f.rung {
-                f.sleeping = true;
-                f = wake
-                    .cv
-                    .wait_timeout(f, Duration::from_millis(50))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                f.sleeping = false;
-            }
-            f.rung = false;
+            wake.wait(Duration::from_millis(50));
         }
     }
     // Each stream's report, under its input ([`Decoder::finish`] adds them up).
@@ -650,6 +606,68 @@ fn decode_all(
             st.as_mut().map(|s| (s.input, std::mem::take(&mut s.rep)))
         })
         .collect()
+}
+
+/// A stream's decoding state, its reader opened (or why it could not be) in `pool`.
+fn open_stream(pool: &FilePool, s: StreamSpec) -> DecState {
+    let mut rep = DecodeReport::default();
+    let reader = pool
+        .open(&s.path)
+        .map_err(|e| crate::error::Error::input(&s.name, "open", e))
+        .and_then(|f| Reader::new(f, &s.name.display().to_string()));
+    let reader = match reader {
+        Ok(mut r) => {
+            r.set_domain_filter(s.domain);
+            r.set_keep_slots(true);
+            Some(r)
+        }
+        Err(e) => {
+            rep.reopen_failed = Some(e);
+            None
+        }
+    };
+    DecState {
+        reader,
+        input: s.input,
+        rep,
+        bt_valid: false,
+        enc: s
+            .encoded_ahead()
+            .then(|| Box::new(Encoder::new(s.share, s.tagged, s.thinner))),
+        seq: 0,
+        done: false,
+        first: true,
+        counted: 0,
+    }
+}
+
+/// Which of `mine` to fill next: the stream with the fewest batches ready (the one the
+/// merge may be waiting for); a stream the merging thread is filling is skipped. None when
+/// all have ended; Some(None) when none can be filled now.
+fn pick_stream(sh: &Shared, mine: &[usize]) -> Option<Option<usize>> {
+    let mut pick = None;
+    let mut fewest = DEPTH;
+    let mut all_done = true;
+    for &i in mine {
+        let Some(st) = try_lock(&sh.states[i]) else {
+            all_done = false;
+            continue;
+        };
+        let Some(s) = st.as_ref() else { continue };
+        if s.done {
+            continue;
+        }
+        all_done = false;
+        let n = sh.queues[i].queued.load(Ordering::Relaxed);
+        if n < fewest {
+            fewest = n;
+            pick = Some(i);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    (!all_done).then_some(pick)
 }
 
 /// Warnings about one input, each said once (at most 1,000 kept).

@@ -314,59 +314,17 @@ impl Share {
         let (cache, date, next) = cw.tables();
         let alloc_id = date_of(alloc_id);
         let n = frames.len();
-        // The most common case, in short: the stream's last backtrace again, its path all
-        // known good (what the loop below does for it: one hit and a run of n - 1, or of
-        // 255, and so on from every 256th position, while each codeword starts in `limit`).
-        let hits = n.div_ceil(256);
-        if n == self.at.len()
-            && n >= 2
-            && !self.tangled
-            && b.len() + 3 * (hits - 1) <= limit
-            && self.shortcuts()
-        {
-            let e = self.at[0] as usize & M;
-            if e != 0 && cache[e] == frames[0].0 && self.next_doubt(1, n) == n {
-                next[0] = e as u16;
-                self.doubt[0] &= !1;
-                date[e] = alloc_id;
-                if n <= 256 {
-                    CacheWriter::put_hit(b, e, n - 1);
-                } else {
-                    self.put_path(b, date, alloc_id);
-                }
-                return (hits, n);
-            }
-        }
-        // The same backtrace again, from the tables the last encoding (of it) left as it
-        // found them: the same codewords, naming entries last used now.
-        let shortcuts = self.shortcuts();
-        let m = &mut self.memo;
-        if m.valid
-            && shortcuts
-            && n == self.at.len()
-            && b.len() + m.bytes.len() <= limit
-            && cache[m.hits[0] as usize & M] == frames[0].0
-        {
-            b.extend(&m.bytes);
-            for &e in &m.hits {
-                date[e as usize & M] = alloc_id;
-            }
-            next[0] = m.hits[0];
-            return (m.codes, n);
+        if let Some(done) = self.shortcut(cache, date, next, b, alloc_id, frames, limit) {
+            return done;
         }
         // (an encoding of the path as it is may leave it and the tables as they are: the
         // state before it, to tell)
         let again = n == self.at.len() && !self.tangled;
         self.scans = 0;
-        m.valid = false;
+        self.memo.valid = false;
         let b0 = b.len();
         if again {
-            m.at.clear();
-            m.at.extend_from_slice(&self.at);
-            m.doubt.clear();
-            m.doubt.extend_from_slice(&self.doubt);
-            m.next.clear();
-            m.next.extend(self.at.iter().map(|&e| next[e as usize & M]));
+            self.save_state(next);
         }
         let mut missed = false;
         let mut pos = 0;
@@ -419,32 +377,8 @@ impl Share {
             predictor = hit;
             pos += 1;
             ncodes += 1;
-            // the run of predicted frames after the hit (at most 255): first in the path,
-            // where stretches known good are counted without looking at them
             let start = pos;
-            let end = n.min(pos + 255);
-            while pos < end.min(self.at.len()) {
-                if !self.tangled {
-                    let stop = self.next_doubt(pos, end.min(self.at.len()));
-                    if stop > pos {
-                        pos = stop;
-                        predictor = self.at[pos - 1] as usize & M;
-                        continue;
-                    }
-                }
-                let e = next[predictor] as usize & M;
-                if e == 0 || cache[e] != frames[pos].0 {
-                    break;
-                }
-                self.replace(pos, e);
-                predictor = e;
-                pos += 1;
-            }
-            // then beyond it, each predicted frame appended to it
-            if pos == self.at.len() {
-                (pos, predictor, _) =
-                    self.append_predicted(cache, next, frames, hints, pos, end, predictor);
-            }
+            (pos, predictor) = self.run_after_hit(cache, next, frames, hints, pos, predictor);
             CacheWriter::put_hit(b, hit, pos - start);
         }
         // (tangled, the doubts are found again before they are compared: whether the
@@ -453,20 +387,129 @@ impl Share {
         if self.tangled {
             self.recheck(frames, cache, next);
         }
-        if again
-            && pos == n
-            && !missed
-            && self.at == self.memo.at
+        if again && pos == n && !missed && self.left_as_found(next) {
+            self.remember(&b.bytes()[b0..], ncodes);
+        }
+        (ncodes, pos)
+    }
+
+    /// The two shortcuts of [`Share::encode`], for the stream's last backtrace again: its
+    /// path all known good (one hit and a run of n - 1, or of 255, and so on from every
+    /// 256th position, while each codeword starts in `limit`, as the loop would write), or
+    /// the codewords the last encoding of it wrote, from the tables it left as it found
+    /// them (naming entries last used now). None: encode it in full.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn shortcut(
+        &mut self,
+        cache: &[u64; CACHE_SIZE],
+        date: &mut [Date; CACHE_SIZE],
+        next: &mut [u16; CACHE_SIZE],
+        b: &mut WriteBuf,
+        alloc_id: Date,
+        frames: &[LocationCode],
+        limit: usize,
+    ) -> Option<(usize, usize)> {
+        let n = frames.len();
+        let hits = n.div_ceil(256);
+        if n == self.at.len()
+            && n >= 2
+            && !self.tangled
+            && b.len() + 3 * (hits - 1) <= limit
+            && self.shortcuts()
+        {
+            let e = self.at[0] as usize & M;
+            if e != 0 && cache[e] == frames[0].0 && self.next_doubt(1, n) == n {
+                next[0] = e as u16;
+                self.doubt[0] &= !1;
+                date[e] = alloc_id;
+                if n <= 256 {
+                    CacheWriter::put_hit(b, e, n - 1);
+                } else {
+                    self.put_path(b, date, alloc_id);
+                }
+                return Some((hits, n));
+            }
+        }
+        let shortcuts = self.shortcuts();
+        let m = &mut self.memo;
+        if m.valid
+            && shortcuts
+            && n == self.at.len()
+            && b.len() + m.bytes.len() <= limit
+            && cache[m.hits[0] as usize & M] == frames[0].0
+        {
+            b.extend(&m.bytes);
+            for &e in &m.hits {
+                date[e as usize & M] = alloc_id;
+            }
+            next[0] = m.hits[0];
+            return Some((m.codes, n));
+        }
+        None
+    }
+
+    /// The run of predicted frames after a hit at `pos - 1` (at most 255): first in the
+    /// path, where stretches known good are counted without looking at them, then beyond
+    /// it, each predicted frame appended to it. Returns the position after the run and the
+    /// predictor there.
+    #[inline(always)]
+    fn run_after_hit(
+        &mut self,
+        cache: &[u64; CACHE_SIZE],
+        next: &[u16; CACHE_SIZE],
+        frames: &[LocationCode],
+        hints: &[u16],
+        mut pos: usize,
+        mut predictor: usize,
+    ) -> (usize, usize) {
+        let end = frames.len().min(pos + 255);
+        while pos < end.min(self.at.len()) {
+            if !self.tangled {
+                let stop = self.next_doubt(pos, end.min(self.at.len()));
+                if stop > pos {
+                    pos = stop;
+                    predictor = self.at[pos - 1] as usize & M;
+                    continue;
+                }
+            }
+            let e = next[predictor] as usize & M;
+            if e == 0 || cache[e] != frames[pos].0 {
+                break;
+            }
+            self.replace(pos, e);
+            predictor = e;
+            pos += 1;
+        }
+        if pos == self.at.len() {
+            (pos, predictor, _) =
+                self.append_predicted(cache, next, frames, hints, pos, end, predictor);
+        }
+        (pos, predictor)
+    }
+
+    /// Keep the path, its doubts and its entries' predictions as they are before an
+    /// encoding, to tell afterwards whether it left them so.
+    fn save_state(&mut self, next: &[u16; CACHE_SIZE]) {
+        let m = &mut self.memo;
+        m.at.clear();
+        m.at.extend_from_slice(&self.at);
+        m.doubt.clear();
+        m.doubt.extend_from_slice(&self.doubt);
+        m.next.clear();
+        m.next.extend(self.at.iter().map(|&e| next[e as usize & M]));
+    }
+
+    /// Whether the encoding left the path, its doubts and predictions as
+    /// [`Share::save_state`] found them.
+    fn left_as_found(&self, next: &[u16; CACHE_SIZE]) -> bool {
+        self.at == self.memo.at
             && self.doubt == self.memo.doubt
             && self
                 .at
                 .iter()
                 .zip(&self.memo.next)
                 .all(|(&e, &p)| next[e as usize & M] == p)
-        {
-            self.remember(&b.bytes()[b0..], ncodes);
-        }
-        (ncodes, pos)
     }
 
     /// The entry of the frame at `p` in the input's cache (CACHE_SIZE if not known), and
