@@ -147,6 +147,50 @@ fn say(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
+/// `info --json`: the summary as one object, keys in a fixed order; strings are the
+/// trace's bytes as UTF-8 (invalid bytes replaced), a time or rate not known is null.
+fn summary_json(s: &memtrace_merge::tools::summary::Summary) -> String {
+    let i = &s.info;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let finite = |v: f64| v.is_finite().then_some(v);
+    let v = serde_json::json!({
+        "file": s.file,
+        "file_size": s.file_size,
+        "format_version": i.version,
+        "sample_rate": finite(i.sample_rate),
+        "word_size": i.word_size,
+        "executable_name": text(&i.executable_name),
+        "host_name": text(&i.host_name),
+        "ocaml_runtime_params": text(&i.ocaml_runtime_params),
+        "pid": i.pid,
+        "start_time_us": i.start_time.0,
+        "context": i.context.as_deref().map(text),
+        "initial_domain": i.initial_domain.0,
+        "events": s.events,
+        "allocs": s.allocs(),
+        "minor_allocs": s.minor_allocs,
+        "major_allocs": s.major_allocs,
+        "external_allocs": s.external_allocs,
+        "promotes": s.promotes,
+        "collects": s.collects,
+        "samples": s.samples,
+        "first_event_us": s.first_event_us,
+        "last_event_us": s.last_event_us,
+        "duration_s": finite(s.duration_s()),
+        "max_backtrace_length": s.max_backtrace_length,
+        "distinct_location_codes": s.distinct_location_codes,
+        "defined_location_codes": s.defined_location_codes,
+        "packets": s.packets,
+        "skipped_packets": s.skipped_packets,
+        "domains": s.domains,
+        "warnings_dropped": s.warnings_dropped,
+        "warnings": s.warnings,
+    });
+    let mut out = serde_json::to_string_pretty(&v).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
 /// Write `text` to stdout, an error naming stdout if that fails.
 fn print_out(text: &str) -> Result<(), memtrace_merge::Error> {
     let mut out = std::io::stdout().lock();
@@ -163,7 +207,11 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
     match cli.cmd {
         Cmd::Info { file, json } => {
             let s = memtrace_merge::tools::summary::summarize_file(&file)?;
-            print_out(&if json { s.to_json() } else { s.to_string() })?;
+            print_out(&if json {
+                summary_json(&s)
+            } else {
+                s.to_string()
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check { files, quiet } => {

@@ -246,16 +246,6 @@ fn info_matches_reference_statistics() {
             human.contains(&format!("pid:              {}", sum.info.pid)),
             "{human}"
         );
-        let json = sum.to_json();
-        assert!(
-            json.contains(&format!("\"events\": {},", sum.events)),
-            "{json}"
-        );
-        assert!(
-            json.contains(&format!("\"file_size\": {},", sum.file_size)),
-            "{json}"
-        );
-        assert!(json.trim_end().ends_with('}') && json.starts_with('{'));
     }
     assert!(compared > 150, "only {compared} numbers compared");
 }
@@ -793,16 +783,39 @@ fn cli_info_human_and_json() {
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }
-    let (code, out, _) = run(&["info", "--json", "v3/multidomain.ctf"]);
-    assert_eq!(code, 0);
-    for want in [
-        "\"events\": 39530,",
-        "\"domains\": [0, 1, 2],",
-        "\"context\": \"fork-scenario child-4\",",
-        "\"packets\": 203,",
+    // The JSON parses, and says what the library's summary says (the reference
+    // validator's figures for this trace are checked against the summary above).
+    for file in [
+        "v3/multidomain.ctf",
+        "fork/parent.ctf",
+        "ocaml5/perdomain.ctf",
     ] {
-        assert!(out.contains(want), "missing {want:?} in\n{out}");
+        let (code, out, err) = run(&["info", "--json", file]);
+        assert_eq!(code, 0, "{err}");
+        let j: serde_json::Value = serde_json::from_str(&out).expect("info --json parses");
+        let sum = summarize_file(data_dir().join(file)).unwrap();
+        let n = |k: &str| j[k].as_u64().unwrap_or_else(|| panic!("{k} in {out}"));
+        assert_eq!(n("events"), sum.events);
+        assert_eq!(n("allocs"), sum.allocs());
+        assert_eq!(n("promotes"), sum.promotes);
+        assert_eq!(n("collects"), sum.collects);
+        assert_eq!(n("samples"), sum.samples);
+        assert_eq!(n("packets"), sum.packets);
+        assert_eq!(n("pid"), sum.info.pid);
+        assert_eq!(n("file_size"), sum.file_size);
+        assert_eq!(j["sample_rate"].as_f64(), Some(sum.info.sample_rate));
+        let domains: Vec<u64> = sum.domains.iter().map(|&d| d as u64).collect();
+        assert_eq!(j["domains"], serde_json::json!(domains));
+        let keys: Vec<&str> = j.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        assert_eq!(keys.first(), Some(&"file"));
+        assert_eq!(keys.last(), Some(&"warnings"));
     }
+    let (_, out, _) = run(&["info", "--json", "v3/multidomain.ctf"]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["events"], 39530);
+    assert_eq!(j["domains"], serde_json::json!([0, 1, 2]));
+    assert_eq!(j["context"], "fork-scenario child-4");
+    assert_eq!(j["packets"], 203);
     let (code, _, err) = run(&["info", "bytecode-location-overflow.ctf"]);
     assert_ne!(code, 0);
     assert!(

@@ -8,7 +8,6 @@ use crate::format::location::IntMap;
 use crate::reader::Reader;
 use std::collections::HashSet;
 use std::fmt;
-use std::fmt::Write as _;
 use std::hash::BuildHasherDefault;
 use std::io::Read;
 use std::path::Path;
@@ -258,117 +257,6 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A JSON string literal.
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-fn json_f64(v: f64) -> String {
-    if v.is_finite() {
-        // Debug keeps a decimal point or exponent, so the value reads back as a float.
-        format!("{v:?}")
-    } else {
-        "null".to_string()
-    }
-}
-
-fn json_opt_i64(v: Option<i64>) -> String {
-    v.map_or("null".to_string(), |v| v.to_string())
-}
-
-impl Summary {
-    /// The summary as one JSON object (keys in a fixed order, numbers as integers where
-    /// exact; strings are the trace's bytes decoded as UTF-8, invalid bytes replaced).
-    pub fn to_json(&self) -> String {
-        let mut o = String::with_capacity(2048);
-        let i = &self.info;
-        o.push_str("{\n");
-        let field = |o: &mut String, k: &str, v: String| {
-            let _ = writeln!(o, "  \"{k}\": {v},");
-        };
-        let js = |s: &str| {
-            let mut t = String::new();
-            json_str(&mut t, s);
-            t
-        };
-        field(&mut o, "file", js(&self.file));
-        field(&mut o, "file_size", self.file_size.to_string());
-        field(&mut o, "format_version", i.version.to_string());
-        field(&mut o, "sample_rate", json_f64(i.sample_rate));
-        field(&mut o, "word_size", i.word_size.to_string());
-        field(&mut o, "executable_name", js(&text(&i.executable_name)));
-        field(&mut o, "host_name", js(&text(&i.host_name)));
-        field(
-            &mut o,
-            "ocaml_runtime_params",
-            js(&text(&i.ocaml_runtime_params)),
-        );
-        field(&mut o, "pid", i.pid.to_string());
-        field(&mut o, "start_time_us", i.start_time.0.to_string());
-        field(
-            &mut o,
-            "context",
-            i.context
-                .as_ref()
-                .map_or("null".to_string(), |c| js(&text(c))),
-        );
-        field(&mut o, "initial_domain", i.initial_domain.0.to_string());
-        field(&mut o, "events", self.events.to_string());
-        field(&mut o, "allocs", self.allocs().to_string());
-        field(&mut o, "minor_allocs", self.minor_allocs.to_string());
-        field(&mut o, "major_allocs", self.major_allocs.to_string());
-        field(&mut o, "external_allocs", self.external_allocs.to_string());
-        field(&mut o, "promotes", self.promotes.to_string());
-        field(&mut o, "collects", self.collects.to_string());
-        field(&mut o, "samples", self.samples.to_string());
-        field(&mut o, "first_event_us", json_opt_i64(self.first_event_us));
-        field(&mut o, "last_event_us", json_opt_i64(self.last_event_us));
-        field(&mut o, "duration_s", json_f64(self.duration_s()));
-        field(
-            &mut o,
-            "max_backtrace_length",
-            self.max_backtrace_length.to_string(),
-        );
-        field(
-            &mut o,
-            "distinct_location_codes",
-            self.distinct_location_codes.to_string(),
-        );
-        field(
-            &mut o,
-            "defined_location_codes",
-            self.defined_location_codes.to_string(),
-        );
-        field(&mut o, "packets", self.packets.to_string());
-        field(&mut o, "skipped_packets", self.skipped_packets.to_string());
-        let doms: Vec<String> = self.domains.iter().map(|d| d.to_string()).collect();
-        field(&mut o, "domains", format!("[{}]", doms.join(", ")));
-        field(
-            &mut o,
-            "warnings_dropped",
-            self.warnings_dropped.to_string(),
-        );
-        let ws: Vec<String> = self.warnings.iter().map(|w| js(w)).collect();
-        let _ = writeln!(o, "  \"warnings\": [{}]", ws.join(", "));
-        o.push_str("}\n");
-        o
-    }
-}
-
 impl Summary {
     /// The trace info, as `(key, value)` lines.
     fn header_lines(&self) -> Vec<(&'static str, String)> {
@@ -507,12 +395,5 @@ mod tests {
             utc_time(1_586_965_711_174_340),
             "2020-04-15 15:48:31.174340 UTC"
         );
-    }
-
-    #[test]
-    fn json_strings_are_escaped() {
-        let mut s = String::new();
-        json_str(&mut s, "a\"b\\c\n\u{1}é");
-        assert_eq!(s, "\"a\\\"b\\\\c\\n\\u0001é\"");
     }
 }
