@@ -484,10 +484,10 @@ unsafe fn convert_options(o: &MemtraceMergeOptions) -> Result<MergeOptions, Fail
         pid: if o.pid == 0 { None } else { Some(o.pid) },
         context,
         cancel: if o.cancel.is_null() {
-            crate::Cancel::new()
+            crate::cancel::Cancel::new()
         } else {
             let flag = CancelFlag(o.cancel);
-            crate::Cancel::polling(move || flag.is_set())
+            crate::cancel::Cancel::polling(move || flag.is_set())
         },
         ..default_options()
     })

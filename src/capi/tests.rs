@@ -216,7 +216,12 @@ fn errors_are_classified_by_their_side() {
     assert_eq!(classify(&Error::Write("w".into())), OutputError);
     assert_eq!(classify(&Error::Internal("p".into())), InternalError);
     assert_eq!(classify(&Error::Cancelled), Cancelled);
-    let m = Error::malformed("dir/a.ctf", 4, Some(0), crate::Malformed::BadMagic(0));
+    let m = Error::malformed(
+        "dir/a.ctf",
+        4,
+        Some(0),
+        crate::error::Malformed::BadMagic(0),
+    );
     assert_eq!(classify(&m), InputError);
 }
 

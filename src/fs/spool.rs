@@ -29,11 +29,15 @@ pub(crate) fn needs_spool(path: &Path) -> bool {
 
 /// Read all of `path` into a spool; `cancel` set stops the reading (waiting for a FIFO's
 /// writer is ended by the command line's watchdog instead).
-pub(crate) fn spool(path: &Path, cancel: &crate::Cancel) -> Result<Spool> {
+pub(crate) fn spool(path: &Path, cancel: &crate::cancel::Cancel) -> Result<Spool> {
     spool_with_bound(path, cancel, IN_MEMORY)
 }
 
-fn spool_with_bound(path: &Path, cancel: &crate::Cancel, in_memory_bound: u64) -> Result<Spool> {
+fn spool_with_bound(
+    path: &Path,
+    cancel: &crate::cancel::Cancel,
+    in_memory_bound: u64,
+) -> Result<Spool> {
     let mut src = File::open(path).map_err(|e| Error::input(path, "open", e))?;
     let mut file = crate::sys::memory_file("memtrace-merge input")
         .map_err(|e| Error::input(path, "spool (memory file)", e))?;
@@ -130,7 +134,7 @@ mod tests {
             let (mut child, out) = piped(&data);
             let p = PathBuf::from(format!("/proc/self/fd/{}", out.as_raw_fd()));
             assert!(needs_spool(&p));
-            let s = spool_with_bound(&p, &crate::Cancel::new(), bound).unwrap();
+            let s = spool_with_bound(&p, &crate::cancel::Cancel::new(), bound).unwrap();
             child.wait().unwrap();
             // (read again, and again: whole each time)
             for _ in 0..2 {
@@ -144,7 +148,7 @@ mod tests {
     fn an_interrupt_stops_the_spooling() {
         let (mut child, out) = piped(b"abc");
         let p = PathBuf::from(format!("/proc/self/fd/{}", out.as_raw_fd()));
-        let cancel = crate::Cancel::new();
+        let cancel = crate::cancel::Cancel::new();
         cancel.cancel();
         let e = spool(&p, &cancel).err().unwrap();
         assert!(matches!(e, Error::Cancelled), "{e}");

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// Where a merge stands, for its progress line on stderr.
 pub(super) struct Progress {
     /// the merge's, polled with the progress
-    pub(super) cancel: crate::Cancel,
+    pub(super) cancel: crate::cancel::Cancel,
     pub(super) show: bool,
     pub(super) started: Instant,
     pub(super) last: Instant,

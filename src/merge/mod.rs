@@ -69,7 +69,7 @@ pub struct MergeOptions {
     pub keep_duplicates: bool,
     /// Cancels the merge when set (from another thread): it then returns
     /// [`crate::Error::Cancelled`], leaving no output.
-    pub cancel: crate::Cancel,
+    pub cancel: crate::cancel::Cancel,
     /// Flush the output to disk before renaming it into place, so that it survives a power
     /// loss (a few milliseconds). Without it the output is still never seen half-written.
     pub fsync: bool,

@@ -5,7 +5,7 @@ use super::InputReport;
 use crate::error::Result;
 use crate::format::event::{LocationCode, ObjId, Timestamp};
 use crate::merge::live::LiveObjects;
-use crate::pipeline::decoder::Warnings;
+use crate::pipeline::fill::Warnings;
 use crate::pipeline::output::OutputFile;
 use crate::thin::Thinner;
 use crate::writer::Writer;

@@ -5,7 +5,7 @@ pub(crate) use super::batch::{
     order_key, Batch, Ev, Timed, BATCH_EVENTS, BATCH_EVENTS_AHEAD, FIRST_BATCH_EVENTS, WIDE_LENGTH,
     WIDE_SAMPLES,
 };
-use super::fill::fill;
+use super::fill::{fill, DecState, DecodeReport};
 pub(crate) use super::fill::{Encoder, TAG_FRAME, THINNED_OUT};
 use crate::pipeline::files::FilePool;
 use crate::pipeline::placement::Placement;
@@ -48,19 +48,6 @@ impl StreamSpec {
     fn encoded_ahead(&self) -> bool {
         self.share.is_some() || self.solo
     }
-}
-
-/// What the decoder learned about each input.
-#[derive(Default)]
-pub(crate) struct DecodeReport {
-    /// The input could not be opened again for a stream (removed since): the merge fails.
-    pub reopen_failed: Option<crate::error::Error>,
-    pub warnings: Warnings,
-    pub skipped_packets: u64,
-    /// Packets after the info packet (read or skipped).
-    pub packets: u64,
-    /// A stream of the input stopped at an error before its end.
-    pub stopped_at_error: bool,
 }
 
 /// A stream's decoded batches, and whether the consumer sleeps waiting for one (only then
@@ -465,23 +452,6 @@ impl Drop for Decoder {
     }
 }
 
-pub(crate) struct DecState {
-    pub(crate) reader: Option<Reader<crate::pipeline::files::LazyFile>>,
-    /// the stream's input, and what was learned about it reading this stream
-    pub(crate) input: usize,
-    pub(crate) rep: DecodeReport,
-    pub(crate) bt_valid: bool,
-    /// Its encoder (a stream in a share).
-    pub(crate) enc: Option<Box<Encoder>>,
-    /// Batches filled so far.
-    pub(crate) seq: u64,
-    pub(crate) done: bool,
-    /// no batch filled yet (the first is small, so that the merge starts sooner)
-    pub(crate) first: bool,
-    /// bytes of this reader already added to the shared count
-    pub(crate) counted: u64,
-}
-
 /// (Tests) batches a thread filled as the merging thread.
 #[cfg(test)]
 #[derive(Clone, Copy, Default)]
@@ -668,19 +638,4 @@ fn pick_stream(sh: &Shared, mine: &[usize]) -> Option<Option<usize>> {
         }
     }
     (!all_done).then_some(pick)
-}
-
-/// Warnings about one input, each said once (at most 1,000 kept).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Warnings {
-    pub list: Vec<String>,
-    seen: std::collections::HashSet<String>,
-}
-
-impl Warnings {
-    pub fn push(&mut self, msg: String) {
-        if self.seen.len() < 1000 && self.seen.insert(msg.clone()) {
-            self.list.push(msg);
-        }
-    }
 }

@@ -2,13 +2,60 @@
 //! stream encoded ahead, its backtrace encoded in the stream's share of the output cache.
 
 use super::batch::{Batch, Ev, Timed, BATCH_FRAMES, CUT, ENCODING_ROOM, WIDE_LENGTH, WIDE_SAMPLES};
-use super::decoder::DecState;
 use crate::format::backtrace::CacheWriter;
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::LocationList;
+use crate::pipeline::files::LazyFile;
 use crate::pipeline::share::{Share, ShareOf};
 use crate::reader::EventSink;
+use crate::reader::Reader;
 use crate::thin::Thinner;
+
+/// What the decoder learned about each input.
+#[derive(Default)]
+pub(crate) struct DecodeReport {
+    /// The input could not be opened again for a stream (removed since): the merge fails.
+    pub reopen_failed: Option<crate::error::Error>,
+    pub warnings: Warnings,
+    pub skipped_packets: u64,
+    /// Packets after the info packet (read or skipped).
+    pub packets: u64,
+    /// A stream of the input stopped at an error before its end.
+    pub stopped_at_error: bool,
+}
+
+/// A stream's decoding state: its reader, what was learned reading it, its encoder.
+pub(crate) struct DecState {
+    pub(crate) reader: Option<Reader<LazyFile>>,
+    /// the stream's input, and what was learned about it reading this stream
+    pub(crate) input: usize,
+    pub(crate) rep: DecodeReport,
+    pub(crate) bt_valid: bool,
+    /// Its encoder (a stream in a share).
+    pub(crate) enc: Option<Box<Encoder>>,
+    /// Batches filled so far.
+    pub(crate) seq: u64,
+    pub(crate) done: bool,
+    /// no batch filled yet (the first is small, so that the merge starts sooner)
+    pub(crate) first: bool,
+    /// bytes of this reader already added to the shared count
+    pub(crate) counted: u64,
+}
+
+/// Warnings about one input, each said once (at most 1,000 kept).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Warnings {
+    pub list: Vec<String>,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Warnings {
+    pub fn push(&mut self, msg: String) {
+        if self.seen.len() < 1000 && self.seen.insert(msg.clone()) {
+            self.list.push(msg);
+        }
+    }
+}
 
 /// The encoder of a stream in its share of an output domain's cache ([`crate::pipeline::share`]),
 /// kept with the stream's decoding state: whichever thread fills a batch of the stream
@@ -17,7 +64,7 @@ use crate::thin::Thinner;
 pub(crate) struct Encoder {
     /// Its share of the domain's cache; None for a stream alone in its output domain
     /// (format 3), encoded in the whole cache as the merging thread would, after the
-    /// frames it keeps of its previous backtrace (see [`StreamSpec::solo`]).
+    /// frames it keeps of its previous backtrace (see [`crate::pipeline::decoder::StreamSpec::solo`]).
     pub share: Option<Share>,
     /// Its share's entries (the rest of these tables is unused); alone, the domain's.
     pub tables: CacheWriter,

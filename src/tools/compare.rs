@@ -68,7 +68,7 @@ pub fn allocations<R: Read>(
 fn allocations_upto<R: Read>(
     reader: &mut Reader<R>,
     root: Option<&Location>,
-) -> (Vec<(Digest, u64)>, u64, Option<crate::Error>) {
+) -> (Vec<(Digest, u64)>, u64, Option<crate::error::Error>) {
     let mut frame_hash: IntMap<LocationCode, u128> = IntMap::default();
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();

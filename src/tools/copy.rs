@@ -491,7 +491,7 @@ pub fn copy_file(
     }
     // (a pipe is read once into a spool: a copy may read it again, a domain at a time)
     let spooled = crate::fs::spool::needs_spool(input)
-        .then(|| crate::fs::spool::spool(input, &crate::Cancel::new()))
+        .then(|| crate::fs::spool::spool(input, &crate::cancel::Cancel::new()))
         .transpose()?;
     let name = input;
     let input = spooled.as_ref().map_or(input, |s| s.path.as_path());
