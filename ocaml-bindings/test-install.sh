@@ -23,10 +23,16 @@ totals="231910 30463 223009"
 
 step() { printf '\n--- %s\n' "$*"; }
 
-# A checkout's files (tracked and new, not ignored) copied to $1.
+# A checkout's files (tracked and new, not ignored) copied to $1; from a tree that is no
+# git checkout (test-ocaml5.sh's copy), all but build outputs.
 copy_checkout() {
   mkdir -p "$1"
-  (cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 tar cf -) | tar xf - -C "$1"
+  if git -C "$root" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    (cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 tar cf -) | tar xf - -C "$1"
+  else
+    (cd "$root" && tar cf - --exclude=./_build --exclude=./target .) |
+      tar xf - -C "$1"
+  fi
 }
 
 # A dune project in $1 with check_totals as main, linked native and as bytecode ($2: byte or

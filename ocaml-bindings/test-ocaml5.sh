@@ -48,12 +48,15 @@ dune_major=$("$dune" --version | cut -d. -f1)
 echo "OCaml $(ocamlopt -version) ($(command -v ocamlopt)), dune $("$dune" --version)"
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+install=$(mktemp -d)
+trap 'rm -rf "$work" "$install"' EXIT
 (cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 tar cf -) | tar xf - -C "$work"
 cd "$work"
 fork=$root/tests/data/fork
 if [ "$dune_major" -ge 3 ]; then
-  # (the whole OCaml suite: threads, fork in a child, the runtime lock released)
+  # (the whole OCaml suite: threads, fork in a child, the runtime lock released; the
+  # command line too, which one test compares the bindings' bytes with)
+  cargo build --release --quiet
   "$dune" build 2>&1
   "$dune" test --force 2>&1
 else
@@ -65,6 +68,6 @@ for exe in check_totals.exe check_totals.bc.exe; do
   "./_build/default/ocaml-bindings/examples/$exe" "$fork" "$work/$exe.ctf" 231910 30463 223009
 done
 if [ "$dune_major" -ge 3 ]; then
-  bash ./ocaml-bindings/test-install.sh "$work/install"
+  bash ./ocaml-bindings/test-install.sh "$install"
 fi
 echo "test-ocaml5.sh: the bindings pass with OCaml $version"
