@@ -25,7 +25,8 @@
 //!   changes change outputs;
 //! - `pipeline/`: how it is made fast (batches decoded and encoded ahead on other threads,
 //!   the output written on its own); never imports `merge/`, `tools/` or the C ABI;
-//! - `tools/`: dump, summary, check, compare, copy;
+//! - `tools/`: dump, summary, check, compare, copy; `analysis/`: where the memory of a
+//!   run goes (top, timeline, flame graphs), from one trace or many, merged on the fly;
 //! - `fs/` (file identity, output targets, spools), `sys` (every OS call needing `unsafe`),
 //!   `capi` (the C ABI, `include/memtrace_merge.h`), `cli` (signals for the command line).
 //!
@@ -35,6 +36,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod analysis;
 mod cancel;
 #[allow(unsafe_code)]
 mod capi;

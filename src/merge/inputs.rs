@@ -300,41 +300,89 @@ pub(super) fn prepare_inputs(
     if let Target::File(_) = target {
         drop(target.create()?);
     }
-    let (found, arg_warnings) = expand_inputs_from(inputs, output, false, opts.context.as_deref())?;
+    let g = gather_inputs(
+        inputs,
+        output,
+        opts.context.as_deref(),
+        opts.keep_duplicates,
+        &opts.cancel,
+        &|p: &Path| {
+            if target.is(p) {
+                return Err(Error::Usage(format!(
+                    "output {} is one of the inputs ({}); refusing to overwrite it",
+                    output.display(),
+                    p.display()
+                )));
+            }
+            Ok(())
+        },
+    )?;
+    Ok(Prepared {
+        paths: g.paths,
+        sources: g.sources,
+        args: g.args,
+        repeats: g.repeats,
+        arg_warnings: g.arg_warnings,
+        target,
+        _spools: g.spools,
+    })
+}
+
+/// The input files of a merge or an analysis, each once, pipes spooled.
+pub(crate) struct Gathered {
+    /// Each file once, as named (directories expanded).
+    pub(crate) paths: Vec<PathBuf>,
+    /// What to open for each: the file, or the spool of one that cannot be read twice.
+    pub(crate) sources: Vec<PathBuf>,
+    /// The argument each came from.
+    pub(crate) args: Vec<usize>,
+    /// Files named again, or holding what another holds: (index of the one kept, what the
+    /// warning on it says).
+    pub(crate) repeats: Vec<(usize, String)>,
+    /// Warnings about the arguments, not one input (directory entries left out).
+    pub(crate) arg_warnings: Vec<String>,
+    pub(crate) spools: Vec<crate::fs::spool::Spool>,
+}
+
+/// Expand `inputs`' directories (leaving out `output`, as [`expand_inputs_from`] does),
+/// leave out files named twice and (unless `keep_duplicates`) traces another input holds,
+/// and spool what cannot be read twice; `refuse` is asked first of each file.
+pub(crate) fn gather_inputs(
+    inputs: &[PathBuf],
+    output: &Path,
+    context: Option<&[u8]>,
+    keep_duplicates: bool,
+    cancel: &crate::cancel::Cancel,
+    refuse: &dyn Fn(&Path) -> Result<()>,
+) -> Result<Gathered> {
+    let (found, arg_warnings) = expand_inputs_from(inputs, output, false, context)?;
     let (paths, args): (Vec<PathBuf>, Vec<usize>) = found.into_iter().unzip();
     // A file given twice is merged once: its process's allocations appear once.
     let (paths, args, mut repeats) = drop_repeats(paths, args);
     let mut sources = Vec::with_capacity(paths.len());
     let mut spools = Vec::new();
     for p in &paths {
-        if target.is(p) {
-            return Err(Error::Usage(format!(
-                "output {} is one of the inputs ({}); refusing to overwrite it",
-                output.display(),
-                p.display()
-            )));
-        }
+        refuse(p)?;
         if crate::fs::spool::needs_spool(p) {
-            let s = crate::fs::spool::spool(p, &opts.cancel)?;
+            let s = crate::fs::spool::spool(p, cancel)?;
             sources.push(s.path.clone());
             spools.push(s);
             continue;
         }
         sources.push(p.clone());
     }
-    let (paths, sources, args) = if opts.keep_duplicates {
+    let (paths, sources, args) = if keep_duplicates {
         (paths, sources, args)
     } else {
         drop_same_processes(paths, sources, args, &mut repeats)
     };
-    Ok(Prepared {
+    Ok(Gathered {
         paths,
         sources,
         args,
         repeats,
         arg_warnings,
-        target,
-        _spools: spools,
+        spools,
     })
 }
 

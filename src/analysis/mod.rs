@@ -1,0 +1,473 @@
+//! Where the memory of a run goes: one pass over one trace or many (merged in time order on
+//! the fly, no merged file needed) giving each process's and the whole run's heap, its
+//! peak, what each call site allocated and holds at the peaks, at a time and at the end.
+//!
+//! Sizes are estimates, as memtrace's tools and viewer make them: an allocation of `n`
+//! samples stands for `n / rate` words (headers included) of `word size` bytes, with the
+//! rate of its own trace (so inputs of different rates need no thinning); objects are
+//! estimated as `n / (rate x (length + 1))`. Sample counts are exact.
+
+mod replay;
+mod sites;
+
+pub use sites::Frame;
+
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
+use crate::format::event::AllocSource;
+use crate::merge::gather_inputs;
+use replay::Pass;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A time given by the user.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum TimeSpec {
+    /// Seconds after the earliest start of the inputs.
+    SinceStart(f64),
+    /// Microseconds since the epoch.
+    Absolute(u64),
+}
+
+impl TimeSpec {
+    /// `2.5` (seconds since the start) or `@1700000000.25` (seconds since the epoch).
+    pub fn parse(s: &str) -> Option<TimeSpec> {
+        let s = s.trim().trim_end_matches('s');
+        if let Some(abs) = s.strip_prefix('@') {
+            let v: f64 = abs.parse().ok()?;
+            (v.is_finite() && v >= 0.0).then(|| TimeSpec::Absolute((v * 1e6).round() as u64))
+        } else {
+            let v: f64 = s.parse().ok()?;
+            (v.is_finite() && v >= 0.0).then_some(TimeSpec::SinceStart(v))
+        }
+    }
+    fn absolute(self, start_us: u64) -> u64 {
+        match self {
+            TimeSpec::SinceStart(s) => start_us + (s * 1e6).round() as u64,
+            TimeSpec::Absolute(t) => t,
+        }
+    }
+}
+
+/// Which allocations an analysis counts.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Only these processes (all if empty).
+    pub pids: Vec<u64>,
+    /// Allocations from this time on; peaks sought from it on.
+    pub from: Option<TimeSpec>,
+    /// Allocations up to this time; peaks sought up to it.
+    pub to: Option<TimeSpec>,
+    /// Only this domain (OCaml 5).
+    pub domain: Option<u16>,
+    /// Only allocations of this kind.
+    pub source: Option<AllocSource>,
+    /// Only blocks of at least this many bytes (length x word size).
+    pub min_size: Option<u64>,
+    /// Only blocks of at most this many bytes.
+    pub max_size: Option<u64>,
+}
+
+impl Filter {
+    fn keeps(&self, source: AllocSource, size: u64) -> bool {
+        self.source.is_none_or(|s| s == source)
+            && self.min_size.is_none_or(|m| size >= m)
+            && self.max_size.is_none_or(|m| size <= m)
+    }
+}
+
+/// Options of [`analyze`].
+#[derive(Clone, Debug, Default)]
+pub struct AnalysisOptions {
+    /// Which allocations count.
+    pub filter: Filter,
+    /// Also take each site's live bytes at this time ([`Mode::At`]).
+    pub at: Option<TimeSpec>,
+    /// The timeline's step in µs (None: 1 ms, doubled until it has at most 1,024 steps).
+    pub step_us: Option<u64>,
+    /// Stops the analysis (it then returns [`Error::Cancelled`]).
+    pub cancel: Cancel,
+}
+
+/// The value a report ranks sites by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Bytes allocated.
+    Alloc,
+    /// Bytes live at the peak of the whole run (in a per-process table: of that process).
+    Peak,
+    /// Bytes live at the end (never collected: leaks, or what lived to the end).
+    End,
+    /// Bytes live at [`AnalysisOptions::at`].
+    At,
+}
+
+/// What a site is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum By {
+    /// The function of the allocation point (its innermost location).
+    Function,
+    /// The allocation point's source location.
+    Location,
+    /// The whole backtrace.
+    Backtrace,
+}
+
+/// One process (input) of an analysis, and the heap it held.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ProcessSummary {
+    /// The trace.
+    pub file: PathBuf,
+    /// The process id.
+    pub pid: u64,
+    /// The program.
+    pub executable: String,
+    /// The trace's sampling rate.
+    pub sample_rate: f64,
+    /// Allocations sampled (counted by the filter).
+    pub allocations: u64,
+    /// Their samples.
+    pub samples: u64,
+    /// Estimated bytes allocated.
+    pub allocated_bytes: u64,
+    /// Estimated objects allocated.
+    pub allocated_objects: f64,
+    /// The largest live heap (estimated bytes).
+    pub peak_bytes: u64,
+    /// When, in µs since the epoch (None without events).
+    pub peak_time_us: Option<u64>,
+    /// Live at the end: never collected.
+    pub end_bytes: u64,
+    /// The last event's time (µs since the epoch).
+    pub last_time_us: Option<u64>,
+    /// Damage and oddities met, each with where.
+    pub warnings: Vec<String>,
+}
+
+/// A site in a report, with its values in estimated bytes.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SiteRow {
+    /// The site: one frame (function, location), or the backtrace (caller first).
+    pub frames: Vec<Frame>,
+    /// The value the report ranks by.
+    pub value: u64,
+    /// Allocated.
+    pub allocated_bytes: u64,
+    /// Objects allocated (estimate).
+    pub allocated_objects: f64,
+    /// Samples (exact).
+    pub samples: u64,
+    /// Live at the peak: the run's, or in a per-process table the process's own.
+    pub peak_bytes: u64,
+    /// Live at the end.
+    pub end_bytes: u64,
+}
+
+/// A hotspots table: the whole run's sites, and each process's.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Top {
+    /// The ranking value.
+    pub mode: Mode,
+    /// What a site is.
+    pub by: By,
+    /// The whole run (its `file` empty, its `pid` 0).
+    pub total: ProcessSummary,
+    /// Each process, in the inputs' order.
+    pub processes: Vec<ProcessSummary>,
+    /// The run's sites, largest first.
+    pub sites: Vec<SiteRow>,
+    /// Each process's sites, largest first (empty unless asked for).
+    pub process_sites: Vec<Vec<SiteRow>>,
+    /// The earliest start of the inputs (µs since the epoch).
+    pub start_us: u64,
+    /// The time of [`Mode::At`], if one was given.
+    pub at_us: Option<u64>,
+}
+
+/// The live heap over time.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Timeline {
+    /// The earliest start of the inputs (µs since the epoch): steps count from it.
+    pub start_us: u64,
+    /// The length of a step (µs).
+    pub step_us: u64,
+    /// Per step: the largest live heap of the whole run, and of each process, in it.
+    pub rows: Vec<(u64, Vec<u64>)>,
+    /// The processes, in the columns' order.
+    pub processes: Vec<ProcessSummary>,
+    /// The whole run's peak.
+    pub total: ProcessSummary,
+}
+
+/// What one pass over the inputs found; reports are read from it.
+pub struct Analysis {
+    pass: Pass,
+    opts: AnalysisOptions,
+    start_us: u64,
+    warnings: Vec<String>,
+}
+
+/// Analyse `inputs` (trace files and directories of them, as [`crate::merge()`] takes them).
+pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
+    if inputs.is_empty() {
+        return Err(Error::Usage("no input traces".into()));
+    }
+    // (the inputs as a merge takes them: each file once, pipes read once into a spool)
+    let g = gather_inputs(
+        inputs,
+        Path::new(""),
+        None,
+        false,
+        &opts.cancel,
+        &|_| Ok(()),
+    )?;
+    let mut pass = replay::run(&g.paths, &g.sources, opts, &opts.cancel)?;
+    for (k, w) in &g.repeats {
+        let kept = &g.paths[*k];
+        if let Some(p) = pass.processes.iter_mut().find(|p| &p.file == kept) {
+            p.warnings.push(w.clone());
+        }
+    }
+    if pass.first_time.is_none() {
+        return Err(Error::Usage(
+            "no allocation, promote or collect in the inputs: nothing to analyse".into(),
+        ));
+    }
+    let start_us = pass.processes.iter().map(|p| p.start_us).min().unwrap_or(0);
+    let a = Analysis {
+        pass,
+        opts: opts.clone(),
+        start_us,
+        warnings: g.arg_warnings,
+    };
+    if let Some(at) = opts.at {
+        let t = at.absolute(start_us);
+        let (first, last) = (
+            a.pass.first_time.unwrap_or(0),
+            a.pass.last_time.unwrap_or(0),
+        );
+        if t < start_us.min(first) || t > last {
+            return Err(Error::Usage(format!(
+                "--at {:.6} s is outside the trace (+0 to +{:.6} s)",
+                (t as f64 - start_us as f64) / 1e6,
+                (last - start_us) as f64 / 1e6
+            )));
+        }
+    }
+    if a.processes().iter().all(|p| p.allocations == 0) {
+        return Err(Error::Usage(
+            "no allocation is left by the filters (--from/--to, --domain, --source, sizes)".into(),
+        ));
+    }
+    Ok(a)
+}
+
+impl Analysis {
+    /// Each process, in the inputs' order.
+    pub fn processes(&self) -> Vec<ProcessSummary> {
+        let mut out: Vec<ProcessSummary> = (self.pass.processes.iter())
+            .map(|p| ProcessSummary {
+                file: p.file.clone(),
+                pid: p.pid,
+                executable: p.executable.clone(),
+                sample_rate: p.sample_rate,
+                peak_bytes: p.peak,
+                peak_time_us: p.peak_time,
+                end_bytes: p.live,
+                last_time_us: p.last_time,
+                warnings: p.warnings.clone(),
+                ..ProcessSummary::default()
+            })
+            .collect();
+        for (i, n) in self.pass.nodes.iter().enumerate() {
+            let p = &mut out[self.pass.tree.nodes[i].process as usize];
+            p.allocations += n.allocations;
+            p.samples += n.samples;
+            p.allocated_bytes += n.bytes;
+            p.allocated_objects += n.objects;
+        }
+        out
+    }
+
+    /// The whole run, as one process.
+    pub fn total(&self) -> ProcessSummary {
+        let ps = self.processes();
+        ProcessSummary {
+            allocations: ps.iter().map(|p| p.allocations).sum(),
+            samples: ps.iter().map(|p| p.samples).sum(),
+            allocated_bytes: ps.iter().map(|p| p.allocated_bytes).sum(),
+            allocated_objects: ps.iter().map(|p| p.allocated_objects).sum(),
+            end_bytes: ps.iter().map(|p| p.end_bytes).sum(),
+            peak_bytes: self.pass.peak,
+            peak_time_us: self.pass.peak_time,
+            last_time_us: self.pass.last_time,
+            ..ProcessSummary::default()
+        }
+    }
+
+    /// Warnings about the arguments rather than one input (directory entries left out).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The earliest start of the inputs, µs since the epoch.
+    pub fn start_us(&self) -> u64 {
+        self.start_us
+    }
+
+    /// The sites ranked by `mode`, the run's and (with `per_process`) each process's.
+    pub fn top(&self, mode: Mode, by: By, per_process: bool) -> Top {
+        let all = self.rows(mode, by, None);
+        let process_sites = if per_process {
+            (0..self.pass.processes.len() as u32)
+                .map(|p| self.rows(mode, by, Some(p)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Top {
+            mode,
+            by,
+            total: self.total(),
+            processes: self.processes(),
+            sites: all,
+            process_sites,
+            start_us: self.start_us,
+            at_us: self.opts.at.map(|t| t.absolute(self.start_us)),
+        }
+    }
+
+    /// The site of a node, as `by` names it.
+    fn site(&self, node: u32, by: By) -> Vec<Frame> {
+        let tree = &self.pass.tree;
+        match by {
+            By::Function | By::Location => {
+                let f = match tree.allocation_point(node) {
+                    Some(l) => Frame::of(l, by == By::Location),
+                    None => Frame::unknown(tree.nodes[node as usize].code),
+                };
+                vec![f]
+            }
+            By::Backtrace => (tree.stack(node).into_iter())
+                .flat_map(|n| {
+                    let locs = tree.frame(n);
+                    if locs.is_empty() {
+                        vec![Frame::unknown(tree.nodes[n as usize].code)]
+                    } else {
+                        locs.iter().map(|l| Frame::of(l, true)).collect()
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn rows(&self, mode: Mode, by: By, process: Option<u32>) -> Vec<SiteRow> {
+        let mut rows: HashMap<Vec<Frame>, SiteRow> = HashMap::new();
+        for (i, n) in self.pass.nodes.iter().enumerate() {
+            let owner = self.pass.tree.nodes[i].process;
+            if process.is_some_and(|p| p != owner)
+                || (n.allocations == 0 && n.live == 0 && n.at_peak == 0)
+            {
+                continue;
+            }
+            let frames = self.site(i as u32, by);
+            let r = rows.entry(frames.clone()).or_insert_with(|| SiteRow {
+                frames,
+                ..SiteRow::default()
+            });
+            let peak = if process.is_some() {
+                n.at_own_peak
+            } else {
+                n.at_peak
+            };
+            r.allocated_bytes += n.bytes;
+            r.allocated_objects += n.objects;
+            r.samples += n.samples;
+            r.peak_bytes += peak;
+            r.end_bytes += n.live;
+            r.value += match mode {
+                Mode::Alloc => n.bytes,
+                Mode::Peak => peak,
+                Mode::End => n.live,
+                Mode::At => n.at_time,
+            };
+        }
+        let mut v: Vec<SiteRow> = rows.into_values().filter(|r| r.value > 0).collect();
+        v.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.frames.cmp(&b.frames)));
+        v
+    }
+
+    /// The live heap over time, per process and in all.
+    pub fn timeline(&self) -> Timeline {
+        Timeline {
+            start_us: self.start_us,
+            step_us: self.pass.timeline.step_us,
+            rows: self.pass.timeline.rows.clone(),
+            processes: self.processes(),
+            total: self.total(),
+        }
+    }
+
+    /// Folded stacks (`a;b;c weight`, sorted), for flame graphs: names as memtrace's
+    /// flamegraph tool gives them, weighted by `weight` at `mode`; with
+    /// `by_process`, a root frame naming each process.
+    pub fn folded(&self, mode: Mode, weight: Weight, by_process: bool) -> Vec<(String, u64)> {
+        let mut out: HashMap<String, u64> = HashMap::new();
+        for (i, n) in self.pass.nodes.iter().enumerate() {
+            let bytes = match mode {
+                Mode::Alloc => n.bytes,
+                Mode::Peak => n.at_peak,
+                Mode::End => n.live,
+                Mode::At => n.at_time,
+            };
+            let w = match weight {
+                Weight::Bytes => bytes,
+                Weight::Samples if mode == Mode::Alloc => n.samples,
+                Weight::Samples | Weight::Objects => {
+                    // (the samples or objects the bytes stand for)
+                    let share = if n.bytes > 0 {
+                        bytes as f64 / n.bytes as f64
+                    } else {
+                        0.0
+                    };
+                    let all = if weight == Weight::Samples {
+                        n.samples as f64
+                    } else {
+                        n.objects
+                    };
+                    (all * share).round() as u64
+                }
+            };
+            if w == 0 {
+                continue;
+            }
+            let mut names = self.pass.tree.folded_names(i as u32);
+            if by_process {
+                let p = &self.pass.processes[self.pass.tree.nodes[i].process as usize];
+                let exe = p.executable.rsplit('/').next().unwrap_or("");
+                names.insert(0, format!("pid {} ({exe})", p.pid));
+            }
+            let names: Vec<String> = names.into_iter().map(|n| n.replace(';', "_")).collect();
+            *out.entry(names.join(";")).or_default() += w;
+        }
+        let mut v: Vec<(String, u64)> = out.into_iter().collect();
+        v.sort();
+        v
+    }
+}
+
+/// What a flame graph's widths count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    /// Estimated bytes.
+    Bytes,
+    /// Samples.
+    Samples,
+    /// Estimated objects.
+    Objects,
+}

@@ -1,0 +1,548 @@
+//! The one pass of an analysis: every input's streams read in time order at once (a heap
+//! of their next events), the live heap of each process and of the whole run kept up to
+//! date, and the live bytes of each backtrace at the peaks taken as they are passed.
+
+use super::sites::{define, Path, Tree};
+use super::{AnalysisOptions, Filter};
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
+use crate::format::event::{AllocSource, LocationCode};
+use crate::format::location::{IntMap, LocationList, LocationTable};
+use crate::reader::{scan_domains, EventSink, Reader};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fs::File;
+use std::path::PathBuf;
+
+/// Events read from a stream at a time.
+const BATCH: usize = 1024;
+
+/// What the pass needs of an event: promotes change no liveness and are not kept.
+#[derive(Clone, Copy)]
+enum Ev {
+    Alloc {
+        time: u64,
+        id: u64,
+        node: u32,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+    },
+    Collect {
+        time: u64,
+        id: u64,
+    },
+}
+
+impl Ev {
+    fn key(&self) -> (u64, u8) {
+        match *self {
+            Ev::Alloc { time, .. } => (time, 0),
+            Ev::Collect { time, .. } => (time, 1),
+        }
+    }
+}
+
+/// One domain of one input, read a batch ahead.
+struct Stream {
+    process: u32,
+    domain: u16,
+    reader: Option<Reader<File>>,
+    path: Path,
+    ready: VecDeque<Ev>,
+}
+
+/// Hands a stream's events to the pass, its backtraces interned in the tree.
+struct Sink<'a> {
+    tree: &'a mut Tree,
+    table: &'a mut LocationTable,
+    process: u32,
+    path: &'a mut Path,
+    out: &'a mut VecDeque<Ev>,
+}
+
+impl EventSink for Sink<'_> {
+    fn location(&mut self, code: LocationCode, locs: &LocationList) {
+        define(self.table, code, locs);
+    }
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+        backtrace: &[LocationCode],
+        _slots: &[u16],
+    ) {
+        let common = (common_prefix as usize).min(backtrace.len());
+        let node = (self.tree).intern(self.process, self.path, common, &backtrace[common..]);
+        self.out.push_back(Ev::Alloc {
+            time,
+            id,
+            node,
+            length,
+            nsamples,
+            source,
+        });
+    }
+    fn promote(&mut self, _time: u64, _id: u64) {}
+    fn collect(&mut self, time: u64, id: u64) {
+        self.out.push_back(Ev::Collect { time, id });
+    }
+}
+
+/// What the pass learns of one process (input).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ProcessState {
+    pub(crate) file: PathBuf,
+    pub(crate) pid: u64,
+    pub(crate) executable: String,
+    pub(crate) sample_rate: f64,
+    pub(crate) word_size: u8,
+    pub(crate) start_us: u64,
+    /// Estimated bytes of one sample: word size / rate.
+    pub(crate) bytes_per_sample: f64,
+    pub(crate) live: u64,
+    pub(crate) peak: u64,
+    pub(crate) peak_time: Option<u64>,
+    pub(crate) last_time: Option<u64>,
+    pub(crate) warnings: Vec<String>,
+    /// Collects of objects never allocated (or left out by a filter).
+    pub(crate) unmatched: u64,
+    /// Nodes whose live bytes changed since this process's last peak.
+    touched: Vec<u32>,
+    dirty: bool,
+    objects: IntMap<u64, (u32, u64)>,
+}
+
+/// What one backtrace (node) allocated and holds. Bytes are estimates, `nsamples` exact.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NodeStats {
+    pub(crate) allocations: u64,
+    pub(crate) samples: u64,
+    pub(crate) bytes: u64,
+    pub(crate) objects: f64,
+    /// Live now (at the end once the pass is over).
+    pub(crate) live: u64,
+    /// Live at the combined peak, its process's own peak, `--at`.
+    pub(crate) at_peak: u64,
+    pub(crate) at_own_peak: u64,
+    pub(crate) at_time: u64,
+    /// Changes since the combined and the own peak (net, in bytes).
+    since_peak: i64,
+    since_own_peak: i64,
+    touched: bool,
+    touched_own: bool,
+}
+
+/// The heap over time: the largest live heap in each step, per process and in all.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Timeline {
+    pub(crate) step_us: u64,
+    pub(crate) fixed: bool,
+    pub(crate) start_us: u64,
+    /// Per step: the largest total, then the largest of each process.
+    pub(crate) rows: Vec<(u64, Vec<u64>)>,
+    /// The heap as the last event recorded left it.
+    end: (u64, Vec<u64>),
+}
+
+/// The largest number of steps kept before they are made twice as long.
+const MAX_STEPS: usize = 1024;
+
+impl Timeline {
+    /// The heap after the events of microsecond `time`; `dirty`: the processes they
+    /// changed.
+    fn record(&mut self, time: u64, total: u64, processes: &[ProcessState], dirty: &[u32]) {
+        let t = time.saturating_sub(self.start_us);
+        let mut i = (t / self.step_us) as usize;
+        while !self.fixed && i >= MAX_STEPS {
+            self.coarsen();
+            i = (t / self.step_us) as usize;
+        }
+        self.end.1.resize(processes.len(), 0);
+        while self.rows.len() <= i {
+            // a step starts with the heap as the last event before it left it
+            self.rows.push(self.end.clone());
+        }
+        for &p in dirty {
+            self.end.1[p as usize] = processes[p as usize].live;
+        }
+        self.end.0 = total;
+        let row = &mut self.rows[i];
+        row.0 = row.0.max(total);
+        row.1.resize(processes.len(), 0);
+        for &p in dirty {
+            let v = &mut row.1[p as usize];
+            *v = (*v).max(processes[p as usize].live);
+        }
+    }
+
+    fn coarsen(&mut self) {
+        let rows = std::mem::take(&mut self.rows);
+        for pair in rows.chunks(2) {
+            let mut r = pair[0].clone();
+            if let Some(b) = pair.get(1) {
+                r.0 = r.0.max(b.0);
+                for (x, y) in r.1.iter_mut().zip(&b.1) {
+                    *x = (*x).max(*y);
+                }
+            }
+            self.rows.push(r);
+        }
+        self.step_us *= 2;
+    }
+}
+
+/// Everything the pass found, for the reports to read.
+pub(crate) struct Pass {
+    pub(crate) tree: Tree,
+    pub(crate) processes: Vec<ProcessState>,
+    pub(crate) nodes: Vec<NodeStats>,
+    pub(crate) peak: u64,
+    pub(crate) peak_time: Option<u64>,
+    pub(crate) first_time: Option<u64>,
+    pub(crate) last_time: Option<u64>,
+    pub(crate) at_taken: bool,
+    pub(crate) timeline: Timeline,
+}
+
+/// Open each input's streams (one a domain), skipping what the filter leaves out.
+fn open(
+    names: &[PathBuf],
+    sources: &[PathBuf],
+    filter: &Filter,
+    tree: &mut Tree,
+) -> Result<(Vec<ProcessState>, Vec<Stream>)> {
+    let mut processes = Vec::new();
+    let mut streams = Vec::new();
+    for (name, path) in names.iter().zip(sources) {
+        let r = open_as(path, name)?;
+        let info = r.info().clone();
+        if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
+            continue;
+        }
+        let process = processes.len() as u32;
+        let word = if info.word_size == 0 {
+            64
+        } else {
+            info.word_size
+        } as f64
+            / 8.0;
+        let bytes_per_sample = if info.sample_rate > 0.0 {
+            word / info.sample_rate
+        } else {
+            0.0
+        };
+        processes.push(ProcessState {
+            file: name.clone(),
+            pid: info.pid,
+            executable: String::from_utf8_lossy(&info.executable_name).into_owned(),
+            sample_rate: info.sample_rate,
+            word_size: info.word_size,
+            start_us: info.start_time.0,
+            bytes_per_sample,
+            ..ProcessState::default()
+        });
+        tree.locations.push(LocationTable::default());
+        let domains = if info.version >= 3 {
+            scan_domains(path)?
+        } else {
+            vec![0]
+        };
+        let mut first = Some(r);
+        for d in domains {
+            if filter.domain.is_some_and(|want| want != d) {
+                continue;
+            }
+            let mut r = match first.take() {
+                Some(r) => r,
+                None => open_as(path, name)?,
+            };
+            if info.version >= 3 {
+                r.set_domain_filter(Some(d));
+            }
+            streams.push(Stream {
+                process,
+                domain: d,
+                reader: Some(r),
+                path: Path::default(),
+                ready: VecDeque::new(),
+            });
+        }
+    }
+    Ok((processes, streams))
+}
+
+/// A reader of `source`, which messages name `name` (a spooled pipe by its own name).
+fn open_as(source: &std::path::Path, name: &std::path::Path) -> Result<Reader<File>> {
+    let f = File::open(source).map_err(|e| Error::input(name, "open", e))?;
+    Reader::new(f, &name.display().to_string())
+}
+
+/// Read the stream's next batch (none at its end; a damaged stream ends with a warning).
+fn refill(s: &mut Stream, tree: &mut Tree, processes: &mut [ProcessState]) {
+    let Some(r) = s.reader.as_mut() else { return };
+    let p = s.process as usize;
+    let mut table = std::mem::take(&mut tree.locations[p]);
+    let mut sink = Sink {
+        tree,
+        table: &mut table,
+        process: s.process,
+        path: &mut s.path,
+        out: &mut s.ready,
+    };
+    let more = r.read_events(&mut sink, BATCH);
+    tree.locations[p] = table;
+    let st = &mut processes[p];
+    for w in r.take_warnings() {
+        st.warnings.push(w.to_string());
+    }
+    match more {
+        Ok(true) => {}
+        Ok(false) => s.reader = None,
+        Err(e) => {
+            let d = s.domain;
+            st.warnings.push(format!(
+                "domain {d}: analysed up to an error, the rest left out: {e}"
+            ));
+            s.reader = None;
+        }
+    }
+}
+
+/// The pass over `inputs`.
+pub(crate) fn run(
+    names: &[PathBuf],
+    sources: &[PathBuf],
+    opts: &AnalysisOptions,
+    cancel: &Cancel,
+) -> Result<Pass> {
+    let filter = &opts.filter;
+    let mut tree = Tree::default();
+    let (mut processes, mut streams) = open(names, sources, filter, &mut tree)?;
+    if processes.is_empty() {
+        return Err(Error::Usage(
+            "no input left: --pid names no process of the inputs".into(),
+        ));
+    }
+    let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
+    let mut pass = Pass {
+        tree: Tree::default(),
+        nodes: Vec::new(),
+        peak: 0,
+        peak_time: None,
+        first_time: None,
+        last_time: None,
+        at_taken: false,
+        timeline: Timeline {
+            step_us: opts.step_us.unwrap_or(1000).max(1),
+            fixed: opts.step_us.is_some(),
+            start_us: start,
+            ..Timeline::default()
+        },
+        processes: Vec::new(),
+    };
+    let from = filter.from.map(|t| t.absolute(start));
+    let to = filter.to.map(|t| t.absolute(start));
+    let at = opts.at.map(|t| t.absolute(start));
+    let mut heap = BinaryHeap::new();
+    for (i, s) in streams.iter_mut().enumerate() {
+        refill(s, &mut tree, &mut processes);
+        if let Some(e) = s.ready.front() {
+            heap.push(Reverse((e.key(), i)));
+        }
+    }
+    let mut total: u64 = 0;
+    let mut dirty: Vec<u32> = Vec::new();
+    let mut touched: Vec<u32> = Vec::new();
+    let mut now: Option<u64> = None;
+    let mut events = 0u64;
+    while let Some(Reverse(((time, _), i))) = heap.pop() {
+        events += 1;
+        if events.is_multiple_of(65536) && cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let s = &mut streams[i];
+        let ev = s
+            .ready
+            .pop_front()
+            .expect("a stream in the heap has an event");
+        let p = s.process;
+        if s.ready.is_empty() {
+            refill(s, &mut tree, &mut processes);
+        }
+        if let Some(e) = s.ready.front() {
+            heap.push(Reverse((e.key(), i)));
+        }
+        if now != Some(time) {
+            // the heap as all events of the last microsecond left it: a candidate peak
+            if let Some(t) = now {
+                let state = State {
+                    nodes: &mut pass.nodes,
+                    processes: &mut processes,
+                    touched: &mut touched,
+                };
+                checkpoint(
+                    state,
+                    t,
+                    total,
+                    &mut pass.peak,
+                    &mut pass.peak_time,
+                    &dirty,
+                    (from, to),
+                );
+                pass.timeline.record(t, total, &processes, &dirty);
+                for &d in &dirty {
+                    processes[d as usize].dirty = false;
+                }
+                dirty.clear();
+            }
+            if at.is_some_and(|a| !pass.at_taken && time > a) {
+                for n in pass.nodes.iter_mut() {
+                    n.at_time = n.live;
+                }
+                pass.at_taken = true;
+            }
+            now = Some(time);
+            pass.first_time.get_or_insert(time);
+            pass.last_time = Some(time);
+        }
+        let st = &mut processes[p as usize];
+        st.last_time = Some(time);
+        let delta = match ev {
+            Ev::Alloc {
+                id,
+                node,
+                length,
+                nsamples,
+                source,
+                ..
+            } => {
+                let bytes = (nsamples as f64 * st.bytes_per_sample).round() as u64;
+                let size = length * u64::from(st.word_size.max(8) / 8);
+                if !filter.keeps(source, size) {
+                    continue;
+                }
+                if pass.nodes.len() <= node as usize {
+                    pass.nodes.resize(tree.nodes.len(), NodeStats::default());
+                }
+                let n = &mut pass.nodes[node as usize];
+                if from.is_none_or(|f| time >= f) && to.is_none_or(|t| time <= t) {
+                    n.allocations += 1;
+                    n.samples += nsamples;
+                    n.bytes += bytes;
+                    n.objects += if st.sample_rate > 0.0 {
+                        nsamples as f64 / (st.sample_rate * (length + 1) as f64)
+                    } else {
+                        0.0
+                    };
+                }
+                st.objects.insert(id, (node, bytes));
+                Some((node, bytes as i64))
+            }
+            Ev::Collect { id, .. } => match st.objects.remove(&id) {
+                Some((node, bytes)) => Some((node, -(bytes as i64))),
+                None => {
+                    st.unmatched += 1;
+                    None
+                }
+            },
+        };
+        let Some((node, delta)) = delta else { continue };
+        let n = &mut pass.nodes[node as usize];
+        n.live = (n.live as i64 + delta) as u64;
+        n.since_peak += delta;
+        n.since_own_peak += delta;
+        if !n.touched {
+            n.touched = true;
+            touched.push(node);
+        }
+        if !n.touched_own {
+            n.touched_own = true;
+            st.touched.push(node);
+        }
+        st.live = (st.live as i64 + delta) as u64;
+        total = (total as i64 + delta) as u64;
+        if !st.dirty {
+            st.dirty = true;
+            dirty.push(p);
+        }
+    }
+    if let Some(t) = now {
+        let state = State {
+            nodes: &mut pass.nodes,
+            processes: &mut processes,
+            touched: &mut touched,
+        };
+        checkpoint(
+            state,
+            t,
+            total,
+            &mut pass.peak,
+            &mut pass.peak_time,
+            &dirty,
+            (from, to),
+        );
+        pass.timeline.record(t, total, &processes, &dirty);
+    }
+    if at.is_some() && !pass.at_taken && at <= pass.last_time {
+        for n in pass.nodes.iter_mut() {
+            n.at_time = n.live;
+        }
+        pass.at_taken = true;
+    }
+    pass.nodes.resize(tree.nodes.len(), NodeStats::default());
+    pass.tree = tree;
+    pass.processes = processes;
+    Ok(pass)
+}
+
+struct State<'a> {
+    nodes: &'a mut [NodeStats],
+    processes: &'a mut [ProcessState],
+    touched: &'a mut Vec<u32>,
+}
+
+/// At the end of microsecond `t`: a new combined peak, or a new peak of a process that
+/// changed in it, takes the live bytes of the nodes changed since the last one.
+fn checkpoint(
+    s: State<'_>,
+    t: u64,
+    total: u64,
+    peak: &mut u64,
+    peak_time: &mut Option<u64>,
+    dirty: &[u32],
+    (from, to): (Option<u64>, Option<u64>),
+) {
+    if from.is_some_and(|f| t < f) || to.is_some_and(|e| t > e) {
+        return;
+    }
+    if total > *peak || peak_time.is_none() {
+        *peak = total;
+        *peak_time = Some(t);
+        for &n in s.touched.iter() {
+            let n = &mut s.nodes[n as usize];
+            n.at_peak = (n.at_peak as i64 + n.since_peak) as u64;
+            n.since_peak = 0;
+            n.touched = false;
+        }
+        s.touched.clear();
+    }
+    for &p in dirty {
+        let st = &mut s.processes[p as usize];
+        if st.live > st.peak || st.peak_time.is_none() {
+            st.peak = st.live;
+            st.peak_time = Some(t);
+            for &n in &st.touched {
+                let n = &mut s.nodes[n as usize];
+                n.at_own_peak = (n.at_own_peak as i64 + n.since_own_peak) as u64;
+                n.since_own_peak = 0;
+                n.touched_own = false;
+            }
+            st.touched.clear();
+        }
+    }
+}

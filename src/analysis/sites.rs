@@ -1,0 +1,181 @@
+//! Call sites: each input's backtraces interned as nodes of a tree of frames (a node is a
+//! backtrace, known by its last frame and its parent), and the names a report gives them.
+
+use crate::format::event::LocationCode;
+use crate::format::location::{Location, LocationList, LocationTable};
+use std::collections::HashMap;
+
+/// A node of the tree of backtraces: `code` called from `parent` (None: the program's
+/// entry). Node ids are global over the inputs of one analysis.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Node {
+    pub(crate) parent: Option<u32>,
+    pub(crate) code: LocationCode,
+    pub(crate) process: u32,
+}
+
+/// The tree of every input's backtraces, and each input's location table.
+#[derive(Default)]
+pub(crate) struct Tree {
+    pub(crate) nodes: Vec<Node>,
+    children: HashMap<(u32, u32, u64), u32>,
+    pub(crate) locations: Vec<LocationTable>,
+}
+
+/// Where a stream's previous backtrace went in the tree: its nodes, caller first.
+#[derive(Default)]
+pub(crate) struct Path {
+    nodes: Vec<u32>,
+}
+
+/// The frame of an allocation without a backtrace.
+const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
+
+/// No parent: the key's parent field for a frame called from the program's entry.
+const ROOT: u32 = u32::MAX;
+
+impl Tree {
+    /// The node of a backtrace whose first `common` frames are those of `path`'s (the
+    /// stream's previous backtrace), then `new`; `path` becomes this one's.
+    #[inline]
+    pub(crate) fn intern(
+        &mut self,
+        process: u32,
+        path: &mut Path,
+        common: usize,
+        new: &[LocationCode],
+    ) -> u32 {
+        path.nodes.truncate(common.min(path.nodes.len()));
+        for &code in new {
+            let parent = path.nodes.last().copied();
+            let key = (process, parent.unwrap_or(ROOT), code.0);
+            let next = self.nodes.len() as u32;
+            let n = *self.children.entry(key).or_insert(next);
+            if n == next {
+                self.nodes.push(Node {
+                    parent,
+                    code,
+                    process,
+                });
+            }
+            path.nodes.push(n);
+        }
+        match path.nodes.last() {
+            Some(&n) => n,
+            // (no backtrace: one node of its own, under no frame any trace defines)
+            None => self.intern(process, path, 0, &[NO_BACKTRACE]),
+        }
+    }
+
+    /// The locations of a node's frame (inlined calls: outermost first); empty when the
+    /// trace never defined its code.
+    pub(crate) fn frame(&self, node: u32) -> &[Location] {
+        let n = &self.nodes[node as usize];
+        (self.locations.get(n.process as usize))
+            .and_then(|t| t.get(&n.code))
+            .map_or(&[], |l: &LocationList| &l[..])
+    }
+
+    /// A node's frames, caller first.
+    pub(crate) fn stack(&self, node: u32) -> Vec<u32> {
+        let mut v = Vec::new();
+        let mut at = Some(node);
+        while let Some(n) = at {
+            v.push(n);
+            at = self.nodes[n as usize].parent;
+        }
+        v.reverse();
+        v
+    }
+
+    /// The allocation point of a backtrace as memtrace's hotspots tool takes it: the
+    /// innermost location of its last frame, or of up to two frames above when a frame's
+    /// code names no location.
+    pub(crate) fn allocation_point(&self, node: u32) -> Option<&Location> {
+        let mut at = Some(node);
+        for _ in 0..3 {
+            let n = at?;
+            if let Some(l) = self.frame(n).last() {
+                return Some(l);
+            }
+            at = self.nodes[n as usize].parent;
+        }
+        None
+    }
+
+    /// The function names of a backtrace, caller first, as memtrace's flamegraph tool
+    /// gives them: every location of every frame, a name repeated next to itself once,
+    /// then each name only where it first appears (recursion folded).
+    pub(crate) fn folded_names(&self, node: u32) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for n in self.stack(node) {
+            for l in self.frame(n) {
+                let name = String::from_utf8_lossy(&l.defname).into_owned();
+                if names.last() != Some(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        names
+    }
+}
+
+/// One place in the program, as a report names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    /// The function (OCaml's definition name).
+    pub function: String,
+    /// The source file.
+    pub file: String,
+    /// The line, from 1 (0 for a function as a whole).
+    pub line: u32,
+    /// The columns of the expression (0, 0 for a function as a whole).
+    pub columns: (u32, u32),
+}
+
+impl Frame {
+    pub(crate) fn of(l: &Location, with_line: bool) -> Frame {
+        Frame {
+            function: String::from_utf8_lossy(&l.defname).into_owned(),
+            file: String::from_utf8_lossy(&l.filename).into_owned(),
+            line: if with_line { l.line } else { 0 },
+            columns: if with_line {
+                (l.start_char, l.end_char)
+            } else {
+                (0, 0)
+            },
+        }
+    }
+
+    /// A frame for a code no location event defined.
+    pub(crate) fn unknown(code: LocationCode) -> Frame {
+        Frame {
+            function: "??".into(),
+            file: format!("#{:x}", code.0),
+            line: 0,
+            columns: (0, 0),
+        }
+    }
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line == 0 {
+            write!(f, "{} ({})", self.function, self.file)
+        } else {
+            let (a, b) = self.columns;
+            write!(
+                f,
+                "{} ({}:{}:{}-{})",
+                self.function, self.file, self.line, a, b
+            )
+        }
+    }
+}
+
+/// An input's location table, as the reader defines codes.
+pub(crate) fn define(table: &mut LocationTable, code: LocationCode, locs: &LocationList) {
+    table.entry(code).or_insert_with(|| locs.clone());
+}
