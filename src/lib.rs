@@ -42,6 +42,8 @@ mod cancel;
 mod capi;
 pub mod cli;
 mod error;
+#[cfg(feature = "export")]
+pub mod export;
 mod format;
 mod fs;
 mod merge;
