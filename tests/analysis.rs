@@ -84,3 +84,45 @@ fn folded_stacks_agree_with_memtrace_flamegraph() {
         assert_eq!(ours, theirs, "{t}");
     }
 }
+
+/// The stacks (what pprof exports) add up to the processes' figures, and an OCaml 5 trace's
+/// allocations keep their domains: the per-domain counts of the reference dump.
+#[test]
+fn stacks_add_up_and_keep_domains() {
+    let a = analyze(&[data("fork/")], &AnalysisOptions::default()).unwrap();
+    let ps = a.processes();
+    for mode in [Mode::Peak, Mode::End] {
+        let stacks = a.stacks(mode);
+        for (i, p) in ps.iter().enumerate() {
+            let mine: Vec<_> = stacks.iter().filter(|s| s.process == i).collect();
+            let sum = |f: fn(&&memtrace_merge::analysis::Stack) -> u64| -> u64 {
+                mine.iter().map(f).sum()
+            };
+            assert_eq!(sum(|s| s.allocations), p.allocations);
+            assert_eq!(sum(|s| s.allocated_bytes), p.allocated_bytes);
+            if mode == Mode::End {
+                assert_eq!(sum(|s| s.live_bytes), p.end_bytes, "{}", p.pid);
+            }
+        }
+        let live: u64 = stacks.iter().map(|s| s.live_bytes).sum();
+        if mode == Mode::Peak {
+            assert_eq!(live, a.total().peak_bytes);
+        }
+    }
+    let a = analyze(&[data("ocaml5/perdomain.ctf")], &AnalysisOptions::default()).unwrap();
+    let mut per_domain = std::collections::BTreeMap::<u16, u64>::new();
+    for s in a.stacks(Mode::Alloc) {
+        *per_domain.entry(s.domain).or_default() += s.allocations;
+    }
+    // (the reference dump gives each allocation's domain as `dom=N`)
+    let mut dump = String::new();
+    let gz = std::fs::File::open(data("ocaml5/perdomain.dump.gz")).unwrap();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut dump).unwrap();
+    let mut theirs = std::collections::BTreeMap::<u16, u64>::new();
+    for l in dump.lines().filter(|l| l.contains(" alloc")) {
+        let d = l.split_once(" dom=").unwrap().1.split(' ').next().unwrap();
+        *theirs.entry(d.parse().unwrap()).or_default() += 1;
+    }
+    assert!(per_domain.len() > 1, "{per_domain:?}");
+    assert_eq!(per_domain, theirs);
+}

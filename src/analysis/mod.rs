@@ -166,6 +166,33 @@ pub struct SiteRow {
     pub end_bytes: u64,
 }
 
+/// One backtrace of one process, domain and kind of allocation (see [`Analysis::stacks`]).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Stack {
+    /// The process: an index into [`Analysis::processes`].
+    pub process: usize,
+    /// The domain that allocated (0 in OCaml 4 traces).
+    pub domain: u16,
+    /// The kind of allocation.
+    pub source: AllocSource,
+    /// The frames, caller first; each one program location, its inlined calls outermost
+    /// first.
+    pub frames: Vec<Vec<Frame>>,
+    /// Allocations sampled.
+    pub allocations: u64,
+    /// Their samples.
+    pub samples: u64,
+    /// Estimated bytes allocated.
+    pub allocated_bytes: u64,
+    /// Estimated objects allocated.
+    pub allocated_objects: f64,
+    /// Estimated bytes live at the mode asked for.
+    pub live_bytes: u64,
+    /// Estimated objects live then.
+    pub live_objects: f64,
+}
+
 /// A hotspots table: the whole run's sites, and each process's.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -284,8 +311,8 @@ impl Analysis {
                 ..ProcessSummary::default()
             })
             .collect();
-        for (i, n) in self.pass.nodes.iter().enumerate() {
-            let p = &mut out[self.pass.tree.nodes[i].process as usize];
+        for (i, n) in self.pass.cells.iter().enumerate() {
+            let p = &mut out[self.process_of(i) as usize];
             p.allocations += n.allocations;
             p.samples += n.samples;
             p.allocated_bytes += n.bytes;
@@ -342,6 +369,12 @@ impl Analysis {
         }
     }
 
+    /// The process (input) of a cell.
+    fn process_of(&self, cell: usize) -> u32 {
+        let tree = &self.pass.tree;
+        tree.nodes[tree.cells[cell].node as usize].process
+    }
+
     /// The site of a node, as `by` names it.
     fn site(&self, node: u32, by: By) -> Vec<Frame> {
         let tree = &self.pass.tree;
@@ -368,22 +401,22 @@ impl Analysis {
 
     fn rows(&self, mode: Mode, by: By, process: Option<u32>) -> Vec<SiteRow> {
         let mut rows: HashMap<Vec<Frame>, SiteRow> = HashMap::new();
-        for (i, n) in self.pass.nodes.iter().enumerate() {
-            let owner = self.pass.tree.nodes[i].process;
+        for (i, n) in self.pass.cells.iter().enumerate() {
+            let owner = self.process_of(i);
             if process.is_some_and(|p| p != owner)
-                || (n.allocations == 0 && n.live == 0 && n.at_peak == 0)
+                || (n.allocations == 0 && n.live == 0 && n.at_peak.bytes == 0)
             {
                 continue;
             }
-            let frames = self.site(i as u32, by);
+            let frames = self.site(self.pass.tree.cells[i].node, by);
             let r = rows.entry(frames.clone()).or_insert_with(|| SiteRow {
                 frames,
                 ..SiteRow::default()
             });
             let peak = if process.is_some() {
-                n.at_own_peak
+                n.at_own_peak.bytes
             } else {
-                n.at_peak
+                n.at_peak.bytes
             };
             r.allocated_bytes += n.bytes;
             r.allocated_objects += n.objects;
@@ -391,15 +424,47 @@ impl Analysis {
             r.peak_bytes += peak;
             r.end_bytes += n.live;
             r.value += match mode {
-                Mode::Alloc => n.bytes,
                 Mode::Peak => peak,
-                Mode::End => n.live,
-                Mode::At => n.at_time,
+                m => n.live_at(m),
             };
         }
         let mut v: Vec<SiteRow> = rows.into_values().filter(|r| r.value > 0).collect();
         v.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.frames.cmp(&b.frames)));
         v
+    }
+
+    /// Every backtrace of every process, domain and kind of allocation, with what it
+    /// allocated and what it holds at `mode` (at [`Mode::Alloc`]: at the end), for exports.
+    pub fn stacks(&self, mode: Mode) -> Vec<Stack> {
+        let mode = if mode == Mode::Alloc { Mode::End } else { mode };
+        let tree = &self.pass.tree;
+        let mut out = Vec::new();
+        for (i, n) in self.pass.cells.iter().enumerate() {
+            let live = n.live_at(mode);
+            if n.allocations == 0 && live == 0 {
+                continue;
+            }
+            let c = &tree.cells[i];
+            let frames = (tree.stack(c.node).into_iter())
+                .map(|f| match tree.frame(f) {
+                    [] => vec![Frame::unknown(tree.nodes[f as usize].code)],
+                    locs => locs.iter().map(|l| Frame::of(l, true)).collect(),
+                })
+                .collect();
+            out.push(Stack {
+                process: self.process_of(i) as usize,
+                domain: c.domain,
+                source: c.source,
+                frames,
+                allocations: n.allocations,
+                samples: n.samples,
+                allocated_bytes: n.bytes,
+                allocated_objects: n.objects,
+                live_bytes: live,
+                live_objects: n.objects_in(live),
+            });
+        }
+        out
     }
 
     /// The live heap over time, per process and in all.
@@ -418,37 +483,20 @@ impl Analysis {
     /// `by_process`, a root frame naming each process.
     pub fn folded(&self, mode: Mode, weight: Weight, by_process: bool) -> Vec<(String, u64)> {
         let mut out: HashMap<String, u64> = HashMap::new();
-        for (i, n) in self.pass.nodes.iter().enumerate() {
-            let bytes = match mode {
-                Mode::Alloc => n.bytes,
-                Mode::Peak => n.at_peak,
-                Mode::End => n.live,
-                Mode::At => n.at_time,
-            };
+        for (i, n) in self.pass.cells.iter().enumerate() {
+            let bytes = n.live_at(mode);
             let w = match weight {
                 Weight::Bytes => bytes,
                 Weight::Samples if mode == Mode::Alloc => n.samples,
-                Weight::Samples | Weight::Objects => {
-                    // (the samples or objects the bytes stand for)
-                    let share = if n.bytes > 0 {
-                        bytes as f64 / n.bytes as f64
-                    } else {
-                        0.0
-                    };
-                    let all = if weight == Weight::Samples {
-                        n.samples as f64
-                    } else {
-                        n.objects
-                    };
-                    (all * share).round() as u64
-                }
+                Weight::Samples => n.samples_in(bytes).round() as u64,
+                Weight::Objects => n.objects_in(bytes).round() as u64,
             };
             if w == 0 {
                 continue;
             }
-            let mut names = self.pass.tree.folded_names(i as u32);
+            let mut names = self.pass.tree.folded_names(self.pass.tree.cells[i].node);
             if by_process {
-                let p = &self.pass.processes[self.pass.tree.nodes[i].process as usize];
+                let p = &self.pass.processes[self.process_of(i) as usize];
                 let exe = p.executable.rsplit('/').next().unwrap_or("");
                 names.insert(0, format!("pid {} ({exe})", p.pid));
             }

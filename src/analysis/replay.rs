@@ -3,7 +3,7 @@
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
 use super::sites::{define, Path, Tree};
-use super::{AnalysisOptions, Filter};
+use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
@@ -23,7 +23,7 @@ enum Ev {
     Alloc {
         time: u64,
         id: u64,
-        node: u32,
+        cell: u32,
         length: u64,
         nsamples: u64,
         source: AllocSource,
@@ -49,6 +49,8 @@ struct Stream {
     domain: u16,
     reader: Option<Reader<File>>,
     path: Path,
+    /// The last allocation's (node, source, cell): most follow one of the same site.
+    last: Option<(u32, AllocSource, u32)>,
     ready: VecDeque<Ev>,
 }
 
@@ -57,7 +59,9 @@ struct Sink<'a> {
     tree: &'a mut Tree,
     table: &'a mut LocationTable,
     process: u32,
+    domain: u16,
     path: &'a mut Path,
+    last: &'a mut Option<(u32, AllocSource, u32)>,
     out: &'a mut VecDeque<Ev>,
 }
 
@@ -78,10 +82,18 @@ impl EventSink for Sink<'_> {
     ) {
         let common = (common_prefix as usize).min(backtrace.len());
         let node = (self.tree).intern(self.process, self.path, common, &backtrace[common..]);
+        let cell = match *self.last {
+            Some((n, s, c)) if n == node && s == source => c,
+            _ => {
+                let c = self.tree.cell(node, self.domain, source);
+                *self.last = Some((node, source, c));
+                c
+            }
+        };
         self.out.push_back(Ev::Alloc {
             time,
             id,
-            node,
+            cell,
             length,
             nsamples,
             source,
@@ -111,13 +123,14 @@ pub(crate) struct ProcessState {
     pub(crate) warnings: Vec<String>,
     /// Collects of objects never allocated (or left out by a filter).
     pub(crate) unmatched: u64,
-    /// Nodes whose live bytes changed since this process's last peak.
+    /// Cells whose live bytes changed since this process's last peak.
     touched: Vec<u32>,
     dirty: bool,
+    /// Live objects: their cell and bytes.
     objects: IntMap<u64, (u32, u64)>,
 }
 
-/// What one backtrace (node) allocated and holds. Bytes are estimates, `nsamples` exact.
+/// What one cell (backtrace, domain, source) allocated and holds. Bytes are estimates, `nsamples` exact.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct NodeStats {
     pub(crate) allocations: u64,
@@ -127,14 +140,64 @@ pub(crate) struct NodeStats {
     /// Live now (at the end once the pass is over).
     pub(crate) live: u64,
     /// Live at the combined peak, its process's own peak, `--at`.
-    pub(crate) at_peak: u64,
-    pub(crate) at_own_peak: u64,
+    pub(crate) at_peak: AtPeak,
+    pub(crate) at_own_peak: AtPeak,
     pub(crate) at_time: u64,
-    /// Changes since the combined and the own peak (net, in bytes).
-    since_peak: i64,
-    since_own_peak: i64,
+    /// Bytes and objects of every allocation, in the time window or not: live objects are
+    /// estimated from live bytes at their ratio.
+    pub(crate) seen_bytes: u64,
+    pub(crate) seen_objects: f64,
+}
+
+/// A cell's live bytes at a peak, taken lazily: at a new peak only the cells changed since
+/// the last one add their net change, so that the heap is never copied.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AtPeak {
+    pub(crate) bytes: u64,
+    /// The net change since the last peak.
+    since: i64,
+    /// On the list of cells changed since it.
     touched: bool,
-    touched_own: bool,
+}
+
+impl AtPeak {
+    fn change(&mut self, delta: i64, cell: u32, touched: &mut Vec<u32>) {
+        self.since += delta;
+        if !self.touched {
+            self.touched = true;
+            touched.push(cell);
+        }
+    }
+}
+
+impl NodeStats {
+    /// Live bytes at `mode`.
+    pub(crate) fn live_at(&self, mode: Mode) -> u64 {
+        match mode {
+            Mode::Alloc => self.bytes,
+            Mode::Peak => self.at_peak.bytes,
+            Mode::End => self.live,
+            Mode::At => self.at_time,
+        }
+    }
+
+    /// The objects `bytes` of this cell's allocations stand for (an estimate).
+    pub(crate) fn objects_in(&self, bytes: u64) -> f64 {
+        if self.seen_bytes == 0 {
+            0.0
+        } else {
+            self.seen_objects * bytes as f64 / self.seen_bytes as f64
+        }
+    }
+
+    /// The samples `bytes` of this cell's allocations stand for.
+    pub(crate) fn samples_in(&self, bytes: u64) -> f64 {
+        if self.bytes == 0 {
+            0.0
+        } else {
+            self.samples as f64 * bytes as f64 / self.bytes as f64
+        }
+    }
 }
 
 /// The heap over time: the largest live heap in each step, per process and in all.
@@ -200,7 +263,8 @@ impl Timeline {
 pub(crate) struct Pass {
     pub(crate) tree: Tree,
     pub(crate) processes: Vec<ProcessState>,
-    pub(crate) nodes: Vec<NodeStats>,
+    /// Indexed by the tree's cells.
+    pub(crate) cells: Vec<NodeStats>,
     pub(crate) peak: u64,
     pub(crate) peak_time: Option<u64>,
     pub(crate) first_time: Option<u64>,
@@ -269,6 +333,7 @@ fn open(
                 domain: d,
                 reader: Some(r),
                 path: Path::default(),
+                last: None,
                 ready: VecDeque::new(),
             });
         }
@@ -291,7 +356,9 @@ fn refill(s: &mut Stream, tree: &mut Tree, processes: &mut [ProcessState]) {
         tree,
         table: &mut table,
         process: s.process,
+        domain: s.domain,
         path: &mut s.path,
+        last: &mut s.last,
         out: &mut s.ready,
     };
     let more = r.read_events(&mut sink, BATCH);
@@ -322,43 +389,46 @@ pub(crate) fn run(
 ) -> Result<Pass> {
     let filter = &opts.filter;
     let mut tree = Tree::default();
-    let (mut processes, mut streams) = open(names, sources, filter, &mut tree)?;
+    let (processes, mut streams) = open(names, sources, filter, &mut tree)?;
     if processes.is_empty() {
         return Err(Error::Usage(
             "no input left: --pid names no process of the inputs".into(),
         ));
     }
     let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
-    let mut pass = Pass {
-        tree: Tree::default(),
-        nodes: Vec::new(),
-        peak: 0,
-        peak_time: None,
-        first_time: None,
-        last_time: None,
-        at_taken: false,
-        timeline: Timeline {
-            step_us: opts.step_us.unwrap_or(1000).max(1),
-            fixed: opts.step_us.is_some(),
-            start_us: start,
-            ..Timeline::default()
+    let mut r = Replay {
+        pass: Pass {
+            tree,
+            processes,
+            cells: Vec::new(),
+            peak: 0,
+            peak_time: None,
+            first_time: None,
+            last_time: None,
+            at_taken: false,
+            timeline: Timeline {
+                step_us: opts.step_us.unwrap_or(1000).max(1),
+                fixed: opts.step_us.is_some(),
+                start_us: start,
+                ..Timeline::default()
+            },
         },
-        processes: Vec::new(),
+        filter,
+        from: filter.from.map(|t| t.absolute(start)),
+        to: filter.to.map(|t| t.absolute(start)),
+        at: opts.at.map(|t| t.absolute(start)),
+        total: 0,
+        dirty: Vec::new(),
+        touched: Vec::new(),
+        now: None,
     };
-    let from = filter.from.map(|t| t.absolute(start));
-    let to = filter.to.map(|t| t.absolute(start));
-    let at = opts.at.map(|t| t.absolute(start));
     let mut heap = BinaryHeap::new();
     for (i, s) in streams.iter_mut().enumerate() {
-        refill(s, &mut tree, &mut processes);
+        refill(s, &mut r.pass.tree, &mut r.pass.processes);
         if let Some(e) = s.ready.front() {
             heap.push(Reverse((e.key(), i)));
         }
     }
-    let mut total: u64 = 0;
-    let mut dirty: Vec<u32> = Vec::new();
-    let mut touched: Vec<u32> = Vec::new();
-    let mut now: Option<u64> = None;
     let mut events = 0u64;
     while let Some(Reverse(((time, _), i))) = heap.pop() {
         events += 1;
@@ -366,56 +436,83 @@ pub(crate) fn run(
             return Err(Error::Cancelled);
         }
         let s = &mut streams[i];
-        let ev = s
-            .ready
-            .pop_front()
-            .expect("a stream in the heap has an event");
-        let p = s.process;
+        let ev = (s.ready.pop_front()).expect("a stream in the heap has an event");
         if s.ready.is_empty() {
-            refill(s, &mut tree, &mut processes);
+            refill(s, &mut r.pass.tree, &mut r.pass.processes);
         }
         if let Some(e) = s.ready.front() {
             heap.push(Reverse((e.key(), i)));
         }
-        if now != Some(time) {
-            // the heap as all events of the last microsecond left it: a candidate peak
-            if let Some(t) = now {
-                let state = State {
-                    nodes: &mut pass.nodes,
-                    processes: &mut processes,
-                    touched: &mut touched,
-                };
-                checkpoint(
-                    state,
-                    t,
-                    total,
-                    &mut pass.peak,
-                    &mut pass.peak_time,
-                    &dirty,
-                    (from, to),
-                );
-                pass.timeline.record(t, total, &processes, &dirty);
-                for &d in &dirty {
-                    processes[d as usize].dirty = false;
-                }
-                dirty.clear();
-            }
-            if at.is_some_and(|a| !pass.at_taken && time > a) {
-                for n in pass.nodes.iter_mut() {
-                    n.at_time = n.live;
-                }
-                pass.at_taken = true;
-            }
-            now = Some(time);
-            pass.first_time.get_or_insert(time);
-            pass.last_time = Some(time);
+        if r.now != Some(time) {
+            r.end_of_time();
+            r.now = Some(time);
         }
-        let st = &mut processes[p as usize];
+        r.apply(s.process, time, ev);
+    }
+    r.end_of_time();
+    if r.at.is_some() && r.at <= r.pass.last_time {
+        r.take_at();
+    }
+    let mut pass = r.pass;
+    pass.cells
+        .resize(pass.tree.cells.len(), NodeStats::default());
+    Ok(pass)
+}
+
+/// The pass under way: the heap now, and what changed since the last microsecond ended.
+struct Replay<'a> {
+    pass: Pass,
+    filter: &'a Filter,
+    from: Option<u64>,
+    to: Option<u64>,
+    at: Option<u64>,
+    total: u64,
+    /// Processes whose heap changed in the current microsecond.
+    dirty: Vec<u32>,
+    /// Cells whose live bytes changed since the combined peak.
+    touched: Vec<u32>,
+    /// The current microsecond.
+    now: Option<u64>,
+}
+
+impl Replay<'_> {
+    /// The heap as all events of the current microsecond left it: a candidate peak and a
+    /// point of the timeline; then `--at`'s figures if the next event is past it.
+    fn end_of_time(&mut self) {
+        let Some(t) = self.now else { return };
+        self.checkpoint(t);
+        let p = &mut self.pass;
+        p.timeline.record(t, self.total, &p.processes, &self.dirty);
+        for &d in &self.dirty {
+            p.processes[d as usize].dirty = false;
+        }
+        self.dirty.clear();
+        p.first_time.get_or_insert(t);
+        p.last_time = Some(t);
+    }
+
+    /// Each cell's live bytes now are its figure at `--at`.
+    fn take_at(&mut self) {
+        if !self.pass.at_taken {
+            for n in self.pass.cells.iter_mut() {
+                n.at_time = n.live;
+            }
+            self.pass.at_taken = true;
+        }
+    }
+
+    /// One event of process `p` at `time`.
+    fn apply(&mut self, p: u32, time: u64, ev: Ev) {
+        if self.at.is_some_and(|a| time > a) {
+            self.take_at();
+        }
+        let pass = &mut self.pass;
+        let st = &mut pass.processes[p as usize];
         st.last_time = Some(time);
-        let delta = match ev {
+        let (cell, delta) = match ev {
             Ev::Alloc {
                 id,
-                node,
+                cell,
                 length,
                 nsamples,
                 source,
@@ -423,126 +520,86 @@ pub(crate) fn run(
             } => {
                 let bytes = (nsamples as f64 * st.bytes_per_sample).round() as u64;
                 let size = length * u64::from(st.word_size.max(8) / 8);
-                if !filter.keeps(source, size) {
-                    continue;
+                if !self.filter.keeps(source, size) {
+                    return;
                 }
-                if pass.nodes.len() <= node as usize {
-                    pass.nodes.resize(tree.nodes.len(), NodeStats::default());
+                if pass.cells.len() <= cell as usize {
+                    pass.cells
+                        .resize(pass.tree.cells.len(), NodeStats::default());
                 }
-                let n = &mut pass.nodes[node as usize];
-                if from.is_none_or(|f| time >= f) && to.is_none_or(|t| time <= t) {
+                let n = &mut pass.cells[cell as usize];
+                let objects = if st.sample_rate > 0.0 {
+                    nsamples as f64 / (st.sample_rate * (length + 1) as f64)
+                } else {
+                    0.0
+                };
+                n.seen_bytes += bytes;
+                n.seen_objects += objects;
+                if self.from.is_none_or(|f| time >= f) && self.to.is_none_or(|t| time <= t) {
                     n.allocations += 1;
                     n.samples += nsamples;
                     n.bytes += bytes;
-                    n.objects += if st.sample_rate > 0.0 {
-                        nsamples as f64 / (st.sample_rate * (length + 1) as f64)
-                    } else {
-                        0.0
-                    };
+                    n.objects += objects;
                 }
-                st.objects.insert(id, (node, bytes));
-                Some((node, bytes as i64))
+                st.objects.insert(id, (cell, bytes));
+                (cell, bytes as i64)
             }
             Ev::Collect { id, .. } => match st.objects.remove(&id) {
-                Some((node, bytes)) => Some((node, -(bytes as i64))),
+                Some((cell, bytes)) => (cell, -(bytes as i64)),
                 None => {
                     st.unmatched += 1;
-                    None
+                    return;
                 }
             },
         };
-        let Some((node, delta)) = delta else { continue };
-        let n = &mut pass.nodes[node as usize];
+        let n = &mut pass.cells[cell as usize];
         n.live = (n.live as i64 + delta) as u64;
-        n.since_peak += delta;
-        n.since_own_peak += delta;
-        if !n.touched {
-            n.touched = true;
-            touched.push(node);
-        }
-        if !n.touched_own {
-            n.touched_own = true;
-            st.touched.push(node);
-        }
+        n.at_peak.change(delta, cell, &mut self.touched);
+        n.at_own_peak.change(delta, cell, &mut st.touched);
         st.live = (st.live as i64 + delta) as u64;
-        total = (total as i64 + delta) as u64;
+        self.total = (self.total as i64 + delta) as u64;
         if !st.dirty {
             st.dirty = true;
-            dirty.push(p);
+            self.dirty.push(p);
         }
     }
-    if let Some(t) = now {
-        let state = State {
-            nodes: &mut pass.nodes,
-            processes: &mut processes,
-            touched: &mut touched,
-        };
-        checkpoint(
-            state,
-            t,
-            total,
-            &mut pass.peak,
-            &mut pass.peak_time,
-            &dirty,
-            (from, to),
-        );
-        pass.timeline.record(t, total, &processes, &dirty);
-    }
-    if at.is_some() && !pass.at_taken && at <= pass.last_time {
-        for n in pass.nodes.iter_mut() {
-            n.at_time = n.live;
-        }
-        pass.at_taken = true;
-    }
-    pass.nodes.resize(tree.nodes.len(), NodeStats::default());
-    pass.tree = tree;
-    pass.processes = processes;
-    Ok(pass)
-}
 
-struct State<'a> {
-    nodes: &'a mut [NodeStats],
-    processes: &'a mut [ProcessState],
-    touched: &'a mut Vec<u32>,
-}
-
-/// At the end of microsecond `t`: a new combined peak, or a new peak of a process that
-/// changed in it, takes the live bytes of the nodes changed since the last one.
-fn checkpoint(
-    s: State<'_>,
-    t: u64,
-    total: u64,
-    peak: &mut u64,
-    peak_time: &mut Option<u64>,
-    dirty: &[u32],
-    (from, to): (Option<u64>, Option<u64>),
-) {
-    if from.is_some_and(|f| t < f) || to.is_some_and(|e| t > e) {
-        return;
-    }
-    if total > *peak || peak_time.is_none() {
-        *peak = total;
-        *peak_time = Some(t);
-        for &n in s.touched.iter() {
-            let n = &mut s.nodes[n as usize];
-            n.at_peak = (n.at_peak as i64 + n.since_peak) as u64;
-            n.since_peak = 0;
-            n.touched = false;
+    /// At the end of microsecond `t`: a new combined peak, or a new peak of a process that
+    /// changed in it, takes the live bytes of the cells changed since the last one.
+    fn checkpoint(&mut self, t: u64) {
+        if self.from.is_some_and(|f| t < f) || self.to.is_some_and(|e| t > e) {
+            return;
         }
-        s.touched.clear();
-    }
-    for &p in dirty {
-        let st = &mut s.processes[p as usize];
-        if st.live > st.peak || st.peak_time.is_none() {
-            st.peak = st.live;
-            st.peak_time = Some(t);
-            for &n in &st.touched {
-                let n = &mut s.nodes[n as usize];
-                n.at_own_peak = (n.at_own_peak as i64 + n.since_own_peak) as u64;
-                n.since_own_peak = 0;
-                n.touched_own = false;
+        let pass = &mut self.pass;
+        if new_peak(self.total, &mut pass.peak, &mut pass.peak_time, t) {
+            settle(&mut pass.cells, &mut self.touched, |n| &mut n.at_peak);
+        }
+        for &p in &self.dirty {
+            let st = &mut pass.processes[p as usize];
+            if new_peak(st.live, &mut st.peak, &mut st.peak_time, t) {
+                settle(&mut pass.cells, &mut st.touched, |n| &mut n.at_own_peak);
             }
-            st.touched.clear();
         }
     }
+}
+
+/// Whether `live` at `t` is a new peak (the first value is one); records it.
+fn new_peak(live: u64, peak: &mut u64, peak_time: &mut Option<u64>, t: u64) -> bool {
+    let new = live > *peak || peak_time.is_none();
+    if new {
+        *peak = live;
+        *peak_time = Some(t);
+    }
+    new
+}
+
+/// At a new peak: the cells changed since the last one take their live bytes.
+fn settle(cells: &mut [NodeStats], touched: &mut Vec<u32>, at: fn(&mut NodeStats) -> &mut AtPeak) {
+    for &n in touched.iter() {
+        let a = at(&mut cells[n as usize]);
+        a.bytes = (a.bytes as i64 + a.since) as u64;
+        a.since = 0;
+        a.touched = false;
+    }
+    touched.clear();
 }

@@ -1,7 +1,7 @@
 //! Call sites: each input's backtraces interned as nodes of a tree of frames (a node is a
 //! backtrace, known by its last frame and its parent), and the names a report gives them.
 
-use crate::format::event::LocationCode;
+use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{Location, LocationList, LocationTable};
 use std::collections::HashMap;
 
@@ -14,11 +14,23 @@ pub(crate) struct Node {
     pub(crate) process: u32,
 }
 
-/// The tree of every input's backtraces, and each input's location table.
+/// What the analysis counts apart: one backtrace (node) of one domain and one kind of
+/// allocation, so that reports can filter and label by domain and source.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cell {
+    pub(crate) node: u32,
+    pub(crate) domain: u16,
+    pub(crate) source: AllocSource,
+}
+
+/// The tree of every input's backtraces, the cells under them, and each input's location
+/// table.
 #[derive(Default)]
 pub(crate) struct Tree {
     pub(crate) nodes: Vec<Node>,
     children: HashMap<(u32, u32, u64), u32>,
+    pub(crate) cells: Vec<Cell>,
+    cell_ids: HashMap<(u32, u16, u8), u32>,
     pub(crate) locations: Vec<LocationTable>,
 }
 
@@ -65,6 +77,23 @@ impl Tree {
             // (no backtrace: one node of its own, under no frame any trace defines)
             None => self.intern(process, path, 0, &[NO_BACKTRACE]),
         }
+    }
+
+    /// The cell of an allocation at `node` in `domain` of kind `source`.
+    #[inline]
+    pub(crate) fn cell(&mut self, node: u32, domain: u16, source: AllocSource) -> u32 {
+        let next = self.cells.len() as u32;
+        let id = *(self.cell_ids)
+            .entry((node, domain, source as u8))
+            .or_insert(next);
+        if id == next {
+            self.cells.push(Cell {
+                node,
+                domain,
+                source,
+            });
+        }
+        id
     }
 
     /// The locations of a node's frame (inlined calls: outermost first); empty when the
