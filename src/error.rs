@@ -266,6 +266,9 @@ pub enum Error {
     Write(String),
     /// Inputs that cannot be merged together (word size, sampling rate policy, ...).
     Incompatible(String),
+    /// An analysis with nothing to answer: its filters leave no allocation, or the time
+    /// asked about is outside the traces.
+    NothingToAnalyse(String),
     /// A fault of this library, not of the input or the caller: a thread that panicked or
     /// could not start, a broken invariant.
     Internal(String),
@@ -310,6 +313,7 @@ impl Error {
             Error::Io { side, .. } => Some(*side),
             Error::Write(_) => Some(Side::Output),
             Error::Usage(_) | Error::Cancelled | Error::Internal(_) => None,
+            Error::NothingToAnalyse(_) => None,
         }
     }
 }
@@ -322,7 +326,10 @@ impl fmt::Display for Error {
                 path, op, source, ..
             } => write!(f, "{}: {op}: {source}", path.display()),
             Error::Cancelled => f.write_str("merge cancelled; no output written"),
-            Error::Usage(s) | Error::Write(s) | Error::Incompatible(s) => f.write_str(s),
+            Error::Usage(s)
+            | Error::Write(s)
+            | Error::Incompatible(s)
+            | Error::NothingToAnalyse(s) => f.write_str(s),
             Error::Internal(s) => write!(f, "internal error: {s}"),
         }
     }

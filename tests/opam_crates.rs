@@ -48,9 +48,9 @@ fn a_stale_crate_list_fails_the_check() {
         std::fs::copy(root.join(f), d.join(f)).unwrap();
     }
     std::fs::create_dir_all(d.join("ocaml-bindings")).unwrap();
-    std::fs::create_dir_all(d.join("src")).unwrap();
+    std::fs::create_dir_all(d.join("src/bin/memtrace-merge")).unwrap();
     std::fs::write(d.join("src/lib.rs"), "").unwrap();
-    std::fs::write(d.join("src/main.rs"), "fn main() {}").unwrap();
+    std::fs::write(d.join("src/bin/memtrace-merge/main.rs"), "fn main() {}").unwrap();
     std::fs::copy(
         root.join("ocaml-bindings/opam-crates.sh"),
         d.join("ocaml-bindings/opam-crates.sh"),

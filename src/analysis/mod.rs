@@ -261,7 +261,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
         }
     }
     if pass.first_time.is_none() {
-        return Err(Error::Usage(
+        return Err(Error::NothingToAnalyse(
             "no allocation, promote or collect in the inputs: nothing to analyse".into(),
         ));
     }
@@ -279,7 +279,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
             a.pass.last_time.unwrap_or(0),
         );
         if t < start_us.min(first) || t > last {
-            return Err(Error::Usage(format!(
+            return Err(Error::NothingToAnalyse(format!(
                 "--at {:.6} s is outside the trace (+0 to +{:.6} s)",
                 (t as f64 - start_us as f64) / 1e6,
                 (last - start_us) as f64 / 1e6
@@ -287,7 +287,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
         }
     }
     if a.processes().iter().all(|p| p.allocations == 0) {
-        return Err(Error::Usage(
+        return Err(Error::NothingToAnalyse(
             "no allocation is left by the filters (--from/--to, --domain, --source, sizes)".into(),
         ));
     }
@@ -347,6 +347,11 @@ impl Analysis {
         self.start_us
     }
 
+    /// The time of [`Mode::At`] (µs since the epoch), if one was given.
+    pub fn at_us(&self) -> Option<u64> {
+        self.opts.at.map(|t| t.absolute(self.start_us))
+    }
+
     /// The sites ranked by `mode`, the run's and (with `per_process`) each process's.
     pub fn top(&self, mode: Mode, by: By, per_process: bool) -> Top {
         let all = self.rows(mode, by, None);
@@ -365,7 +370,7 @@ impl Analysis {
             sites: all,
             process_sites,
             start_us: self.start_us,
-            at_us: self.opts.at.map(|t| t.absolute(self.start_us)),
+            at_us: self.at_us(),
         }
     }
 

@@ -391,7 +391,7 @@ pub(crate) fn run(
     let mut tree = Tree::default();
     let (processes, mut streams) = open(names, sources, filter, &mut tree)?;
     if processes.is_empty() {
-        return Err(Error::Usage(
+        return Err(Error::NothingToAnalyse(
             "no input left: --pid names no process of the inputs".into(),
         ));
     }

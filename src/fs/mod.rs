@@ -237,6 +237,36 @@ pub fn remove_pending_temporaries() {
     }
 }
 
+/// Write a report (an SVG, a profile) to `output` as a merge writes its trace: a file is
+/// written under no name and named when `write` has succeeded, so a failure leaves nothing;
+/// `-` is stdout, a device or FIFO is written through. An output that is one of `inputs` is
+/// refused.
+pub fn write_output(
+    output: &Path,
+    inputs: &[PathBuf],
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let target = resolve_output(output, false)?;
+    if let Some(i) = inputs.iter().find(|i| target.is(i)) {
+        return Err(Error::Usage(format!(
+            "{}: the output is the input {}; refused (it would be overwritten)",
+            output.display(),
+            i.display()
+        )));
+    }
+    let name = match target {
+        Target::Stdout => Path::new("<stdout>"),
+        _ => output,
+    };
+    let (sink, f) = target.create()?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
+    write(&mut w).map_err(|e| Error::output(name, "write", e))?;
+    let f = w
+        .into_inner()
+        .map_err(|e| Error::output(name, "write", e.into_error()))?;
+    sink.commit(f, false)
+}
+
 /// Where an output goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Target {

@@ -1,5 +1,9 @@
-//! The `memtrace-merge` command line: merge, dump, info, check and compare memtrace traces.
-//! A thin layer over the library; every error is one line on stderr and a non-zero exit.
+//! The `memtrace-merge` command line: merge, dump, info, check and compare memtrace traces,
+//! and analyse them (top, timeline, flamegraph, export, diff). A thin layer over the
+//! library; every error is one line on stderr and a non-zero exit.
+
+mod analyze;
+mod render;
 
 use clap::{Parser, Subcommand};
 use memtrace_merge::tools::dump;
@@ -12,7 +16,7 @@ use std::process::ExitCode;
 #[command(
     name = "memtrace-merge",
     version,
-    about = "Merge, dump and check memtrace traces (.ctf) of OCaml programs"
+    about = "Merge, dump, check and analyse memtrace traces (.ctf) of OCaml programs"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +64,13 @@ enum Cmd {
         #[arg(long)]
         readable_part: bool,
     },
+    /// Where the memory goes: the sites that allocate, or hold memory at the run's peak,
+    /// at the end or at a time; per process and in all
+    Top(analyze::TopArgs),
+    /// The live heap of each process and of the whole run over time, the peaks marked
+    Timeline(analyze::TimelineArgs),
+    /// An interactive SVG flame graph (or folded stacks) of what is allocated or live
+    Flamegraph(analyze::FlameArgs),
     /// Re-encode a trace in file order (byte-identical when the format is kept; several
     /// format-3 domains to format 2: in time order)
     Copy {
@@ -135,6 +146,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
+        Err(memtrace_merge::Error::Cancelled) => {
+            if memtrace_merge::cli::first_to_report_interrupt() {
+                say(format_args!(
+                    "memtrace-merge: interrupted; no output written"
+                ));
+            }
+            ExitCode::from(130)
+        }
+        Err(e @ memtrace_merge::Error::NothingToAnalyse(_)) => {
+            say(format_args!("memtrace-merge: {e}"));
+            ExitCode::from(1)
+        }
         Err(e) => {
             say(format_args!("memtrace-merge: {e}"));
             ExitCode::from(2)
@@ -232,6 +255,9 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Merge(args) => merge(args),
+        Cmd::Top(a) => analyze::top(a).map(|_| ExitCode::SUCCESS),
+        Cmd::Timeline(a) => analyze::timeline(a).map(|_| ExitCode::SUCCESS),
+        Cmd::Flamegraph(a) => analyze::flamegraph(a).map(|_| ExitCode::SUCCESS),
         Cmd::Compare {
             merged,
             sources,

@@ -1,0 +1,271 @@
+//! The analysis commands: `top`, `timeline`, `flamegraph`, `export` and `diff`, each an
+//! [`analyze`] of the inputs read into a report, printed as text or JSON, or written to a file.
+
+use crate::render;
+use memtrace_merge::analysis::{analyze, Analysis, AnalysisOptions, By, Filter, Mode, TimeSpec};
+use memtrace_merge::{AllocSource, Error};
+use std::path::PathBuf;
+
+/// Which allocations count, and the inputs: what every analysis command takes.
+#[derive(clap::Args, Clone)]
+pub struct Inputs {
+    /// Traces: files, directories of .ctf files, pipes (several are merged on the fly)
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Only this process (repeatable)
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u64>,
+    /// Allocations from this time: seconds since the earliest start (`2.5`), or since the
+    /// epoch (`@1700000000.25`)
+    #[arg(long, value_parser = time_spec)]
+    pub from: Option<TimeSpec>,
+    /// Allocations up to this time (as --from)
+    #[arg(long, value_parser = time_spec)]
+    pub to: Option<TimeSpec>,
+    /// Only this domain (OCaml 5)
+    #[arg(long)]
+    pub domain: Option<u16>,
+    /// Only allocations of this kind
+    #[arg(long, value_enum)]
+    pub source: Option<SourceArg>,
+    /// Only blocks of at least this many bytes
+    #[arg(long, value_name = "BYTES")]
+    pub min_size: Option<u64>,
+    /// Only blocks of at most this many bytes
+    #[arg(long, value_name = "BYTES")]
+    pub max_size: Option<u64>,
+    /// Do not print warnings (a damaged input, a trace given twice, ...)
+    #[arg(long)]
+    pub no_warnings: bool,
+}
+
+/// `--source`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum SourceArg {
+    Minor,
+    Major,
+    External,
+}
+
+/// `--by`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ByArg {
+    Function,
+    Location,
+    Backtrace,
+}
+
+impl From<ByArg> for By {
+    fn from(b: ByArg) -> By {
+        match b {
+            ByArg::Function => By::Function,
+            ByArg::Location => By::Location,
+            ByArg::Backtrace => By::Backtrace,
+        }
+    }
+}
+
+/// `--mode`: `alloc`, `peak`, `end` or `at=T`.
+#[derive(Clone, Copy, Debug)]
+pub struct ModeArg {
+    pub mode: Mode,
+    pub at: Option<TimeSpec>,
+}
+
+pub fn mode_arg(s: &str) -> Result<ModeArg, String> {
+    let plain = |mode| Ok(ModeArg { mode, at: None });
+    match s {
+        "alloc" => plain(Mode::Alloc),
+        "peak" => plain(Mode::Peak),
+        "end" => plain(Mode::End),
+        _ => match s.strip_prefix("at=").and_then(TimeSpec::parse) {
+            Some(t) => Ok(ModeArg {
+                mode: Mode::At,
+                at: Some(t),
+            }),
+            None => Err(format!(
+                "`{s}`: expected alloc, peak, end or at=T (T seconds since the start, or \
+                 @seconds since the epoch)"
+            )),
+        },
+    }
+}
+
+fn time_spec(s: &str) -> Result<TimeSpec, String> {
+    TimeSpec::parse(s).ok_or_else(|| {
+        format!("`{s}`: expected seconds since the start (2.5) or since the epoch (@1700000000)")
+    })
+}
+
+/// Analyse the inputs (`at`: the time of `--mode at=T`; `step_us`: the timeline's),
+/// warnings on stderr.
+pub fn run_analysis(
+    i: &Inputs,
+    at: Option<TimeSpec>,
+    step_us: Option<u64>,
+) -> Result<Analysis, Error> {
+    let opts = AnalysisOptions {
+        filter: Filter {
+            pids: i.pids.clone(),
+            from: i.from,
+            to: i.to,
+            domain: i.domain,
+            source: i.source.map(|s| match s {
+                SourceArg::Minor => AllocSource::Minor,
+                SourceArg::Major => AllocSource::Major,
+                SourceArg::External => AllocSource::External,
+            }),
+            min_size: i.min_size,
+            max_size: i.max_size,
+        },
+        at,
+        step_us,
+        ..AnalysisOptions::default()
+    };
+    memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
+    let a = analyze(&i.inputs, &opts)?;
+    if !i.no_warnings {
+        for w in a.warnings() {
+            crate::say(format_args!("warning: {w}"));
+        }
+        for p in a.processes() {
+            let name = p.file.display().to_string();
+            for w in &p.warnings {
+                if w.starts_with(&name) {
+                    crate::say(format_args!("warning: {w}"));
+                } else {
+                    crate::say(format_args!("warning: {name}: {w}"));
+                }
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// `memtrace-merge top`.
+#[derive(clap::Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// Rank sites by bytes allocated, live at the run's peak, live at the end (leaks), or
+    /// live at a time (at=T)
+    #[arg(long, value_parser = mode_arg, default_value = "peak")]
+    pub mode: ModeArg,
+    /// What a site is: the allocating function, its source location, or the whole backtrace
+    #[arg(long, value_enum, default_value_t = ByArg::Function)]
+    pub by: ByArg,
+    /// Also each process's own table (at its own peak, for --mode peak)
+    #[arg(long)]
+    pub per_process: bool,
+    /// How many sites in each table
+    #[arg(short = 'n', default_value_t = 20)]
+    pub n: usize,
+    /// One JSON object (its schema is in the README)
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn top(a: TopArgs) -> Result<(), Error> {
+    let an = run_analysis(&a.inputs, a.mode.at, None)?;
+    let top = an.top(a.mode.mode, a.by.into(), a.per_process || a.json);
+    crate::print_out(&if a.json {
+        render::top_json(&top, a.n)
+    } else {
+        render::top_text(&top, a.n)
+    })
+}
+
+/// `memtrace-merge timeline`.
+#[derive(clap::Args)]
+pub struct TimelineArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// Comma-separated values: a row per step, a column per process
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// One JSON object
+    #[arg(long)]
+    pub json: bool,
+    /// The step in milliseconds (default: 1 ms doubled until there are at most 1,024 steps;
+    /// the text table is coarser, at most 40 rows)
+    #[arg(long, value_name = "MS")]
+    pub step: Option<f64>,
+}
+
+pub fn timeline(a: TimelineArgs) -> Result<(), Error> {
+    let step_us = match a.step {
+        Some(ms) if ms.is_finite() && ms > 0.0 => Some((ms * 1000.0).round().max(1.0) as u64),
+        Some(ms) => return Err(Error::Usage(format!("--step {ms}: not a positive time"))),
+        None => None,
+    };
+    let an = run_analysis(&a.inputs, None, step_us)?;
+    let t = an.timeline();
+    crate::print_out(&if a.json {
+        render::timeline_json(&t)
+    } else if a.csv {
+        render::timeline_csv(&t)
+    } else {
+        render::timeline_text(&t, step_us.is_none())
+    })
+}
+
+/// `--weight`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum WeightArg {
+    Bytes,
+    Samples,
+    Objects,
+}
+
+/// `memtrace-merge flamegraph`.
+#[derive(clap::Args)]
+pub struct FlameArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// The SVG (or with --folded the folded stacks) to write; `-` for stdout
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// What the widths show: bytes allocated, live at the run's peak, live at the end, or
+    /// live at a time (at=T)
+    #[arg(long, value_parser = mode_arg, default_value = "peak")]
+    pub mode: ModeArg,
+    /// A root frame for each process
+    #[arg(long)]
+    pub by_process: bool,
+    /// Write the folded stacks (`a;b;c weight`) rather than an SVG
+    #[arg(long)]
+    pub folded: bool,
+    /// What the widths count
+    #[arg(long, value_enum, default_value_t = WeightArg::Bytes)]
+    pub weight: WeightArg,
+}
+
+pub fn flamegraph(a: FlameArgs) -> Result<(), Error> {
+    use memtrace_merge::analysis::Weight;
+    use memtrace_merge::export::flamegraph::{write_folded, write_svg, FlameOptions};
+    let an = run_analysis(&a.inputs, a.mode.at, None)?;
+    let (weight, count_name) = match a.weight {
+        WeightArg::Bytes => (Weight::Bytes, "bytes"),
+        WeightArg::Samples => (Weight::Samples, "samples"),
+        WeightArg::Objects => (Weight::Objects, "objects"),
+    };
+    let stacks = an.folded(a.mode.mode, weight, a.by_process);
+    if stacks.iter().all(|(_, w)| *w == 0) {
+        return Err(Error::NothingToAnalyse(format!(
+            "no {count_name} {}: the flame graph would be empty",
+            render::mode_phrase(&an, a.mode.mode)
+        )));
+    }
+    let opts = FlameOptions {
+        title: format!("{} {}", count_name, render::mode_phrase(&an, a.mode.mode)),
+        subtitle: Some(render::inputs_phrase(&an)),
+        count_name: count_name.into(),
+    };
+    memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| {
+        if a.folded {
+            write_folded(&stacks, w)
+        } else {
+            write_svg(&stacks, &opts, w)
+        }
+    })
+}

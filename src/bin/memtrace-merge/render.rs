@@ -1,0 +1,382 @@
+//! Reports as the command line prints them: text tables for a terminal (sizes in KiB, MiB,
+//! times in seconds since the start) and JSON objects of a documented, stable schema.
+
+use memtrace_merge::analysis::{Analysis, Mode, ProcessSummary, SiteRow, Timeline, Top};
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+/// Bytes for a person: `512 B`, `12.3 KiB`, `4.0 MiB`, `1.2 GiB`.
+pub fn size(b: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// A time as seconds since `start_us`: `+1.234 s`.
+pub fn since(t_us: u64, start_us: u64) -> String {
+    format!("+{:.3} s", t_us.saturating_sub(start_us) as f64 / 1e6)
+}
+
+/// What a mode measures, in words: "live at the peak of the run (45.3 MiB at +1.234 s)".
+pub fn mode_phrase(a: &Analysis, mode: Mode) -> String {
+    mode_words(mode, &a.total(), a.start_us(), a.at_us())
+}
+
+fn mode_words(mode: Mode, total: &ProcessSummary, start_us: u64, at_us: Option<u64>) -> String {
+    match mode {
+        Mode::Alloc => "allocated".into(),
+        Mode::Peak => format!(
+            "live at the peak of the run ({} at {})",
+            size(total.peak_bytes),
+            since(total.peak_time_us.unwrap_or(0), start_us)
+        ),
+        Mode::End => "live at the end (never collected)".into(),
+        Mode::At => format!("live at {}", since(at_us.unwrap_or(0), start_us)),
+    }
+}
+
+/// The inputs, in words: "5 processes: parent.ctf (pid 1), ...".
+pub fn inputs_phrase(a: &Analysis) -> String {
+    let ps = a.processes();
+    let names: Vec<String> = (ps.iter().take(4))
+        .map(|p| format!("pid {} ({})", p.pid, exe(p)))
+        .collect();
+    let more = if ps.len() > 4 {
+        format!(", {} more", ps.len() - 4)
+    } else {
+        String::new()
+    };
+    let s = if ps.len() == 1 { "" } else { "es" };
+    format!("{} process{s}: {}{more}", ps.len(), names.join(", "))
+}
+
+fn exe(p: &ProcessSummary) -> &str {
+    p.executable.rsplit('/').next().unwrap_or("")
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Alloc => "alloc",
+        Mode::Peak => "peak",
+        Mode::End => "end",
+        Mode::At => "at",
+    }
+}
+
+fn by_name(b: memtrace_merge::analysis::By) -> &'static str {
+    use memtrace_merge::analysis::By;
+    match b {
+        By::Function => "function",
+        By::Location => "location",
+        By::Backtrace => "backtrace",
+    }
+}
+
+/// `top`'s text: the run, each process, the sites table(s).
+pub fn top_text(t: &Top, n: usize) -> String {
+    let mut o = String::new();
+    let tot = &t.total;
+    let s = if t.processes.len() == 1 { "" } else { "es" };
+    let _ = writeln!(
+        o,
+        "{} process{s}, {} allocations sampled: {} allocated, peak {} at {}, {} live at the end",
+        t.processes.len(),
+        tot.allocations,
+        size(tot.allocated_bytes),
+        size(tot.peak_bytes),
+        since(tot.peak_time_us.unwrap_or(0), t.start_us),
+        size(tot.end_bytes)
+    );
+    let _ = writeln!(o, "(sizes are estimates: samples / rate x word size)\n");
+    let _ = writeln!(
+        o,
+        "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}  file",
+        "pid", "executable", "allocated", "peak", "peak at", "at end"
+    );
+    for p in &t.processes {
+        let _ = writeln!(
+            o,
+            "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}  {}",
+            p.pid,
+            exe(p),
+            size(p.allocated_bytes),
+            size(p.peak_bytes),
+            since(p.peak_time_us.unwrap_or(0), t.start_us),
+            size(p.end_bytes),
+            p.file.display()
+        );
+    }
+    let what = mode_words(t.mode, tot, t.start_us, t.at_us);
+    let whole = match t.mode {
+        Mode::Alloc => tot.allocated_bytes,
+        Mode::Peak => tot.peak_bytes,
+        Mode::End => tot.end_bytes,
+        Mode::At => t.sites.iter().map(|r| r.value).sum(),
+    };
+    let _ = writeln!(o, "\nTop sites by bytes {what}, by {}:", by_name(t.by));
+    sites_table(&mut o, &t.sites, n, whole);
+    // (one process's own table is the run's)
+    let own = if t.processes.len() > 1 {
+        &t.process_sites[..]
+    } else {
+        &[]
+    };
+    for (p, rows) in t.processes.iter().zip(own) {
+        let (what, whole) = match t.mode {
+            Mode::Peak => (
+                format!(
+                    "live at its own peak ({} at {})",
+                    size(p.peak_bytes),
+                    since(p.peak_time_us.unwrap_or(0), t.start_us)
+                ),
+                p.peak_bytes,
+            ),
+            Mode::Alloc => ("allocated".into(), p.allocated_bytes),
+            Mode::End => ("live at the end".into(), p.end_bytes),
+            Mode::At => (what.clone(), rows.iter().map(|r| r.value).sum()),
+        };
+        let _ = writeln!(o, "\npid {} ({}): bytes {what}:", p.pid, exe(p));
+        sites_table(&mut o, rows, n, whole);
+    }
+    o
+}
+
+fn sites_table(o: &mut String, rows: &[SiteRow], n: usize, whole: u64) {
+    let _ = writeln!(
+        o,
+        "{:>10} {:>6} {:>10} {:>9}  site",
+        "bytes", "%", "allocated", "samples"
+    );
+    for r in rows.iter().take(n) {
+        let pct = if whole > 0 {
+            100.0 * r.value as f64 / whole as f64
+        } else {
+            0.0
+        };
+        let site: Vec<String> = r.frames.iter().map(|f| f.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "{:>10} {:>5.1}% {:>10} {:>9}  {}",
+            size(r.value),
+            pct,
+            size(r.allocated_bytes),
+            r.samples,
+            site.join(" <- ")
+        );
+    }
+    if rows.len() > n {
+        let rest: u64 = rows[n..].iter().map(|r| r.value).sum();
+        let _ = writeln!(o, "{:>10} in {} more sites", size(rest), rows.len() - n);
+    }
+    if rows.is_empty() {
+        let _ = writeln!(o, "{:>10}  (no site)", "-");
+    }
+}
+
+fn site_json(r: &SiteRow) -> Value {
+    json!({
+        "frames": r.frames.iter().map(|f| json!({
+            "function": f.function,
+            "file": f.file,
+            "line": f.line,
+            "columns": [f.columns.0, f.columns.1],
+        })).collect::<Vec<_>>(),
+        "value": r.value,
+        "allocated_bytes": r.allocated_bytes,
+        "allocated_objects": r.allocated_objects.round() as u64,
+        "samples": r.samples,
+        "peak_bytes": r.peak_bytes,
+        "end_bytes": r.end_bytes,
+    })
+}
+
+fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
+    json!({
+        "file": p.file,
+        "pid": p.pid,
+        "executable": p.executable,
+        "sample_rate": p.sample_rate,
+        "allocations": p.allocations,
+        "samples": p.samples,
+        "allocated_bytes": p.allocated_bytes,
+        "allocated_objects": p.allocated_objects.round() as u64,
+        "peak_bytes": p.peak_bytes,
+        "peak_time_us": p.peak_time_us,
+        "peak_offset_s": p.peak_time_us.map(|t| t.saturating_sub(start_us) as f64 / 1e6),
+        "end_bytes": p.end_bytes,
+        "last_time_us": p.last_time_us,
+        "warnings": p.warnings,
+    })
+}
+
+/// `top --json`: schema `memtrace-merge.top/1` (README, "JSON").
+pub fn top_json(t: &Top, n: usize) -> String {
+    let mut total = process_json(&t.total, t.start_us);
+    if let Value::Object(m) = &mut total {
+        for k in ["file", "pid", "executable", "sample_rate", "warnings"] {
+            m.remove(k);
+        }
+    }
+    let processes: Vec<Value> = (t.processes.iter().zip(&t.process_sites))
+        .map(|(p, rows)| {
+            let mut v = process_json(p, t.start_us);
+            v["sites"] = rows.iter().take(n).map(site_json).collect();
+            v
+        })
+        .collect();
+    let v = json!({
+        "schema": "memtrace-merge.top/1",
+        "mode": mode_name(t.mode),
+        "by": by_name(t.by),
+        "start_time_us": t.start_us,
+        "at_time_us": t.at_us,
+        "total": total,
+        "processes": processes,
+        "sites": t.sites.iter().take(n).map(site_json).collect::<Vec<_>>(),
+        "sites_left_out": t.sites.len().saturating_sub(n),
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// At most `max` rows: consecutive steps joined, each keeping its largest values.
+fn coarse(rows: &[(u64, Vec<u64>)], max: usize) -> (usize, Vec<(u64, Vec<u64>)>) {
+    let k = rows.len().div_ceil(max.max(1)).max(1);
+    let out = (rows.chunks(k))
+        .map(|c| {
+            let mut r = c[0].clone();
+            for x in &c[1..] {
+                r.0 = r.0.max(x.0);
+                r.1.resize(r.1.len().max(x.1.len()), 0);
+                for (a, b) in r.1.iter_mut().zip(&x.1) {
+                    *a = (*a).max(*b);
+                }
+            }
+            r
+        })
+        .collect();
+    (k, out)
+}
+
+/// The marks of a step (of `step_us` from `t0`): `*` the run's peak, `pid` a process's own.
+fn marks(tl: &Timeline, t0: u64, step_us: u64) -> Vec<String> {
+    let inside = |t: Option<u64>| t.is_some_and(|t| t >= t0 && t < t0 + step_us);
+    let mut m = Vec::new();
+    if inside(tl.total.peak_time_us) {
+        m.push("peak".to_string());
+    }
+    for p in &tl.processes {
+        if inside(p.peak_time_us) {
+            m.push(format!("peak:{}", p.pid));
+        }
+    }
+    m
+}
+
+/// `timeline`'s text: the peaks, then a row per step (at most 40 unless a step was given).
+pub fn timeline_text(tl: &Timeline, coarsen: bool) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "peak of the run: {} at {}",
+        size(tl.total.peak_bytes),
+        since(tl.total.peak_time_us.unwrap_or(0), tl.start_us)
+    );
+    for p in &tl.processes {
+        let _ = writeln!(
+            o,
+            "pid {:>7} ({}): peak {} at {}, {} at the end",
+            p.pid,
+            exe(p),
+            size(p.peak_bytes),
+            since(p.peak_time_us.unwrap_or(0), tl.start_us),
+            size(p.end_bytes)
+        );
+    }
+    let (k, rows) = if coarsen {
+        coarse(&tl.rows, 40)
+    } else {
+        (1, tl.rows.clone())
+    };
+    let step = tl.step_us * k as u64;
+    let _ = writeln!(
+        o,
+        "\nlargest live heap in each step of {:.3} s:",
+        step as f64 / 1e6
+    );
+    let _ = write!(o, "{:>10} {:>10}", "from", "all");
+    for p in &tl.processes {
+        let _ = write!(o, " {:>10}", format!("pid {}", p.pid));
+    }
+    let _ = writeln!(o);
+    for (i, (total, ps)) in rows.iter().enumerate() {
+        let t0 = tl.start_us + i as u64 * step;
+        let _ = write!(o, "{:>10} {:>10}", since(t0, tl.start_us), size(*total));
+        for j in 0..tl.processes.len() {
+            let _ = write!(o, " {:>10}", size(ps.get(j).copied().unwrap_or(0)));
+        }
+        let m = marks(tl, t0, step);
+        if !m.is_empty() {
+            let _ = write!(o, "  <- {}", m.join(", "));
+        }
+        let _ = writeln!(o);
+    }
+    o
+}
+
+/// `timeline --csv`: `time_s,total,pid_N...,marks`, a row per step.
+pub fn timeline_csv(tl: &Timeline) -> String {
+    let mut o = String::from("time_s,total");
+    for p in &tl.processes {
+        let _ = write!(o, ",pid_{}", p.pid);
+    }
+    o.push_str(",marks\n");
+    for (i, (total, ps)) in tl.rows.iter().enumerate() {
+        let t0 = tl.start_us + i as u64 * tl.step_us;
+        let _ = write!(o, "{:.6},{total}", (i as u64 * tl.step_us) as f64 / 1e6);
+        for j in 0..tl.processes.len() {
+            let _ = write!(o, ",{}", ps.get(j).copied().unwrap_or(0));
+        }
+        let _ = writeln!(o, ",{}", marks(tl, t0, tl.step_us).join(" "));
+    }
+    o
+}
+
+/// `timeline --json`: schema `memtrace-merge.timeline/1`.
+pub fn timeline_json(tl: &Timeline) -> String {
+    let steps: Vec<Value> = (tl.rows.iter().enumerate())
+        .map(|(i, (total, ps))| {
+            let mut ps = ps.clone();
+            ps.resize(tl.processes.len(), 0);
+            json!({
+                "offset_s": (i as u64 * tl.step_us) as f64 / 1e6,
+                "total_bytes": total,
+                "process_bytes": ps,
+            })
+        })
+        .collect();
+    let v = json!({
+        "schema": "memtrace-merge.timeline/1",
+        "start_time_us": tl.start_us,
+        "step_us": tl.step_us,
+        "total": {
+            "peak_bytes": tl.total.peak_bytes,
+            "peak_time_us": tl.total.peak_time_us,
+            "end_bytes": tl.total.end_bytes,
+        },
+        "processes": tl.processes.iter().map(|p| process_json(p, tl.start_us)).collect::<Vec<_>>(),
+        "steps": steps,
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}

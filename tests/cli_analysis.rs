@@ -1,0 +1,188 @@
+//! The analysis commands as a user runs them: `top`, `timeline` and `flamegraph` print what
+//! the library computes (JSON read back and held against it), and refuse as documented.
+
+use memtrace_merge::analysis::{analyze, AnalysisOptions, By, Mode};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn data(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memtrace-merge"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fork() -> String {
+    data("fork").display().to_string()
+}
+
+/// `top --json` holds the library's figures: the total, each process, the sites.
+#[test]
+fn top_json_is_the_analysis() {
+    let j: Value = serde_json::from_str(&stdout(&[
+        "top",
+        "--json",
+        "--mode",
+        "peak",
+        "-n",
+        "5",
+        &fork(),
+    ]))
+    .unwrap();
+    let a = analyze(&[data("fork")], &AnalysisOptions::default()).unwrap();
+    let t = a.top(Mode::Peak, By::Function, true);
+    assert_eq!(j["schema"], "memtrace-merge.top/1");
+    assert_eq!(j["total"]["peak_bytes"], t.total.peak_bytes);
+    assert_eq!(j["total"]["peak_time_us"], t.total.peak_time_us.unwrap());
+    assert_eq!(j["total"]["allocated_bytes"], t.total.allocated_bytes);
+    assert_eq!(j["total"]["end_bytes"], t.total.end_bytes);
+    let ps = j["processes"].as_array().unwrap();
+    assert_eq!(ps.len(), 5);
+    for (p, q) in ps.iter().zip(&t.processes) {
+        assert_eq!(p["pid"], q.pid);
+        assert_eq!(p["peak_bytes"], q.peak_bytes);
+        assert_eq!(p["end_bytes"], q.end_bytes);
+        assert_eq!(p["allocated_bytes"], q.allocated_bytes);
+        assert!(p["sites"].as_array().unwrap().len() <= 5);
+    }
+    let sites = j["sites"].as_array().unwrap();
+    assert_eq!(sites.len(), 5);
+    for (s, r) in sites.iter().zip(&t.sites) {
+        assert_eq!(s["value"], r.value);
+        assert_eq!(s["frames"][0]["function"], r.frames[0].function.as_str());
+    }
+    // the values are ranked, and the site values at the peak add up to the peak
+    let values: Vec<u64> = sites.iter().map(|s| s["value"].as_u64().unwrap()).collect();
+    assert!(values.windows(2).all(|w| w[0] >= w[1]));
+    let all: u64 = t.sites.iter().map(|s| s.value).sum();
+    assert_eq!(all, t.total.peak_bytes);
+}
+
+/// The text table names the top site and the peak; `-n` bounds the rows.
+#[test]
+fn top_text_ranks_sites() {
+    let out = stdout(&["top", "--mode", "alloc", "-n", "3", &fork()]);
+    let a = analyze(&[data("fork")], &AnalysisOptions::default()).unwrap();
+    let t = a.top(Mode::Alloc, By::Function, false);
+    let first = out.lines().position(|l| l.contains("  site")).unwrap() + 1;
+    let rows: Vec<&str> = out.lines().skip(first).take(4).collect();
+    assert!(
+        rows[0].ends_with(&t.sites[0].frames[0].to_string()),
+        "{out}"
+    );
+    assert!(rows[3].contains(&format!("in {} more sites", t.sites.len() - 3)));
+    assert!(out.contains("5 processes, "));
+}
+
+/// The timeline's CSV: a column per process; each step's total is at least each process's
+/// and at most their sum, and the run's peak is the largest total, marked once.
+#[test]
+fn timeline_csv_has_the_peaks() {
+    let csv = stdout(&["timeline", "--csv", "--step", "50", &fork()]);
+    let a = analyze(&[data("fork")], &AnalysisOptions::default()).unwrap();
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(head.len(), 2 + 5 + 1);
+    let mut max = 0;
+    let mut marked = 0;
+    for l in lines {
+        let f: Vec<&str> = l.split(',').collect();
+        let total: u64 = f[1].parse().unwrap();
+        let ps: Vec<u64> = f[2..7].iter().map(|v| v.parse().unwrap()).collect();
+        assert!(ps.iter().all(|&p| p <= total) && total <= ps.iter().sum::<u64>());
+        max = max.max(total);
+        marked += f[7].split(' ').filter(|m| *m == "peak").count();
+    }
+    assert_eq!(max, a.total().peak_bytes);
+    assert_eq!(marked, 1);
+}
+
+/// A flame graph is an SVG naming the top function; the folded stacks add up to the mode's
+/// total; an output that is an input is refused and left alone.
+#[test]
+fn flamegraph_writes_svg_and_folded() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("f.svg");
+    let svg_s = svg.display().to_string();
+    stdout(&["flamegraph", "-o", &svg_s, "--by-process", &fork()]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.contains("pid 14495 (forkwork)"));
+    assert!(text.contains("Forkwork.parent_step"));
+    let folded = stdout(&[
+        "flamegraph",
+        "--folded",
+        "--mode",
+        "end",
+        "-o",
+        "-",
+        &fork(),
+    ]);
+    let sum: u64 = (folded.lines())
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    let a = analyze(&[data("fork")], &AnalysisOptions::default()).unwrap();
+    assert_eq!(sum, a.total().end_bytes);
+    let input = dir.path().join("in.ctf");
+    std::fs::copy(data("fork/child-1.ctf"), &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let i = input.display().to_string();
+    let o = run(&["flamegraph", "-o", &i, &i]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("refused"));
+    assert_eq!(std::fs::read(&input).unwrap(), before);
+}
+
+/// Nothing to answer is exit 1 with one line; a malformed input is exit 2 naming it; a
+/// damaged one is analysed up to the damage, with a warning.
+#[test]
+fn refusals_and_damage() {
+    for args in [
+        vec!["top", "--mode", "at=99"],
+        vec!["top", "--pid", "1"],
+        vec!["top", "--source", "external"],
+    ] {
+        let mut args = args.clone();
+        let f = fork();
+        args.push(&f);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(o.stdout.is_empty());
+    }
+    let t = data("truncated.ctf").display().to_string();
+    let o = run(&["top", &t]);
+    assert!(o.status.success());
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("warning: ") && err.contains("truncated.ctf"),
+        "{err}"
+    );
+    assert_eq!(err.matches("truncated.ctf").count(), 1, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.ctf");
+    std::fs::write(&bad, b"not a trace at all").unwrap();
+    let o = run(&["top", &fork(), bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("bad.ctf") && err.contains("byte 0"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(o.stdout.is_empty());
+}
