@@ -80,8 +80,8 @@ impl EventSink for Sink<'_> {
         backtrace: &[LocationCode],
         _slots: &[u16],
     ) {
-        let common = (common_prefix as usize).min(backtrace.len());
-        let node = (self.tree).intern(self.process, self.path, common, &backtrace[common..]);
+        let common = common_prefix as usize;
+        let node = (self.tree).intern(self.process, self.path, common, backtrace);
         let cell = match *self.last {
             Some((n, s, c)) if n == node && s == source => c,
             _ => {
@@ -430,24 +430,35 @@ pub(crate) fn run(
         }
     }
     let mut events = 0u64;
-    while let Some(Reverse(((time, _), i))) = heap.pop() {
-        events += 1;
-        if events.is_multiple_of(65536) && cancel.is_cancelled() {
-            return Err(Error::Cancelled);
-        }
+    while let Some(Reverse((_, i))) = heap.pop() {
+        // (a stream's events are taken while they come before every other stream's next
+        // one: the heap is touched once a run, not once an event)
+        let bound = heap.peek().map(|Reverse(k)| *k);
         let s = &mut streams[i];
-        let ev = (s.ready.pop_front()).expect("a stream in the heap has an event");
-        if s.ready.is_empty() {
-            refill(s, &mut r.pass.tree, &mut r.pass.processes);
+        loop {
+            let Some(ev) = s.ready.pop_front() else { break };
+            events += 1;
+            if events.is_multiple_of(65536) && cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let time = ev.key().0;
+            if r.now != Some(time) {
+                r.end_of_time();
+                r.now = Some(time);
+            }
+            r.apply(s.process, time, ev);
+            if s.ready.is_empty() {
+                refill(s, &mut r.pass.tree, &mut r.pass.processes);
+            }
+            match s.ready.front() {
+                Some(e) if bound.is_none_or(|b| (e.key(), i) < b) => {}
+                Some(e) => {
+                    heap.push(Reverse((e.key(), i)));
+                    break;
+                }
+                None => break,
+            }
         }
-        if let Some(e) = s.ready.front() {
-            heap.push(Reverse((e.key(), i)));
-        }
-        if r.now != Some(time) {
-            r.end_of_time();
-            r.now = Some(time);
-        }
-        r.apply(s.process, time, ev);
     }
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {

@@ -2,8 +2,7 @@
 //! backtrace, known by its last frame and its parent), and the names a report gives them.
 
 use crate::format::event::{AllocSource, LocationCode};
-use crate::format::location::{Location, LocationList, LocationTable};
-use std::collections::HashMap;
+use crate::format::location::{IntMap, Location, LocationList, LocationTable};
 
 /// A node of the tree of backtraces: `code` called from `parent` (None: the program's
 /// entry). Node ids are global over the inputs of one analysis.
@@ -12,6 +11,8 @@ pub(crate) struct Node {
     pub(crate) parent: Option<u32>,
     pub(crate) code: LocationCode,
     pub(crate) process: u32,
+    /// The child met last, tried before the table of children.
+    last_child: u32,
 }
 
 /// What the analysis counts apart: one backtrace (node) of one domain and one kind of
@@ -28,9 +29,9 @@ pub(crate) struct Cell {
 #[derive(Default)]
 pub(crate) struct Tree {
     pub(crate) nodes: Vec<Node>,
-    children: HashMap<(u32, u32, u64), u32>,
+    children: IntMap<(u32, u32, u64), u32>,
     pub(crate) cells: Vec<Cell>,
-    cell_ids: HashMap<(u32, u16, u8), u32>,
+    cell_ids: IntMap<(u32, u16, u8), u32>,
     pub(crate) locations: Vec<LocationTable>,
 }
 
@@ -38,28 +39,47 @@ pub(crate) struct Tree {
 #[derive(Default)]
 pub(crate) struct Path {
     nodes: Vec<u32>,
+    /// Their codes, to compare with the next backtrace's.
+    codes: Vec<LocationCode>,
 }
 
 /// The frame of an allocation without a backtrace.
 const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
 
+/// No node.
+const NONE: u32 = u32::MAX;
+
 /// No parent: the key's parent field for a frame called from the program's entry.
 const ROOT: u32 = u32::MAX;
 
 impl Tree {
-    /// The node of a backtrace whose first `common` frames are those of `path`'s (the
-    /// stream's previous backtrace), then `new`; `path` becomes this one's.
+    /// The node of `backtrace` (caller first), whose first `common` frames are those of
+    /// `path` (the stream's previous backtrace); `path` becomes this one's.
     #[inline]
     pub(crate) fn intern(
         &mut self,
         process: u32,
         path: &mut Path,
         common: usize,
-        new: &[LocationCode],
+        backtrace: &[LocationCode],
     ) -> u32 {
-        path.nodes.truncate(common.min(path.nodes.len()));
-        for &code in new {
+        // (the prefix the format gives can be shorter than the one the two share)
+        let mut common = common.min(path.nodes.len()).min(backtrace.len());
+        common += (path.codes[common..].iter())
+            .zip(&backtrace[common..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        path.nodes.truncate(common);
+        path.codes.truncate(common);
+        for &code in &backtrace[common..] {
             let parent = path.nodes.last().copied();
+            // (a frame's callee is most often the one it called last: no hashing then)
+            let last = parent.map_or(NONE, |p| self.nodes[p as usize].last_child);
+            if last != NONE && self.nodes[last as usize].code == code {
+                path.nodes.push(last);
+                path.codes.push(code);
+                continue;
+            }
             let key = (process, parent.unwrap_or(ROOT), code.0);
             let next = self.nodes.len() as u32;
             let n = *self.children.entry(key).or_insert(next);
@@ -68,9 +88,14 @@ impl Tree {
                     parent,
                     code,
                     process,
+                    last_child: NONE,
                 });
             }
+            if let Some(p) = parent {
+                self.nodes[p as usize].last_child = n;
+            }
             path.nodes.push(n);
+            path.codes.push(code);
         }
         match path.nodes.last() {
             Some(&n) => n,
