@@ -13,11 +13,9 @@
 mod common;
 
 use common::*;
-use flate2::read::GzDecoder;
 use memtrace_merge::tools::dump;
 use memtrace_merge::Reader;
-use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 
 /// What our dump did.
@@ -93,15 +91,7 @@ fn check_golden(ctf: &Path) {
 
     let sha = sha_path.is_file().then(|| parse_dump_sha(&sha_path));
     let stderr = parse_stderr(&sibling(ctf, "stderr"));
-    let expected: Option<Box<dyn Read>> = if dump_path.is_file() {
-        Some(Box::new(BufReader::new(File::open(&dump_path).unwrap())))
-    } else if gz_path.is_file() {
-        Some(Box::new(GzDecoder::new(BufReader::new(
-            File::open(&gz_path).unwrap(),
-        ))))
-    } else {
-        None
-    };
+    let expected = open_reference_dump(ctf);
     let exit_status = stderr
         .as_ref()
         .map(|s| s.exit_status)

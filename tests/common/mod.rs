@@ -10,6 +10,7 @@ use memtrace_merge::{
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -70,6 +71,20 @@ pub fn all_ctf(dir: &Path) -> Vec<String> {
 pub fn sibling(ctf: &Path, ext: &str) -> PathBuf {
     let stem = ctf.file_stem().unwrap().to_string_lossy().into_owned();
     ctf.with_file_name(format!("{stem}.{ext}"))
+}
+
+/// The reference dump beside `ctf`: `NAME.dump`, or `NAME.dump.gz` uncompressed as it is
+/// read (None when there is neither).
+pub fn open_reference_dump(ctf: &Path) -> Option<Box<dyn Read>> {
+    let (plain, gz) = (sibling(ctf, "dump"), sibling(ctf, "dump.gz"));
+    let open = |p: &Path| io::BufReader::new(File::open(p).unwrap());
+    if plain.is_file() {
+        Some(Box::new(open(&plain)))
+    } else if gz.is_file() {
+        Some(Box::new(flate2::read::GzDecoder::new(open(&gz))))
+    } else {
+        None
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
