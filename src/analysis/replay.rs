@@ -435,8 +435,7 @@ pub(crate) fn run(
         // one: the heap is touched once a run, not once an event)
         let bound = heap.peek().map(|Reverse(k)| *k);
         let s = &mut streams[i];
-        loop {
-            let Some(ev) = s.ready.pop_front() else { break };
+        while let Some(ev) = s.ready.pop_front() {
             events += 1;
             if events.is_multiple_of(65536) && cancel.is_cancelled() {
                 return Err(Error::Cancelled);
