@@ -55,9 +55,11 @@ impl TimeSpec {
 pub struct Filter {
     /// Only these processes (all if empty).
     pub pids: Vec<u64>,
-    /// Allocations from this time on; peaks sought from it on.
+    /// Allocations from this time on count as allocated; peaks are sought from it on, the
+    /// heap as the window opens (all that lives then, allocated before or not) the first
+    /// candidate.
     pub from: Option<TimeSpec>,
-    /// Allocations up to this time; peaks sought up to it.
+    /// The end of the window: nothing after it is read, so "at the end" means at `to`.
     pub to: Option<TimeSpec>,
     /// Only this domain (OCaml 5).
     pub domain: Option<u16>,

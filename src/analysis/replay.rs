@@ -441,8 +441,18 @@ pub(crate) fn run(
                 return Err(Error::Cancelled);
             }
             let time = ev.key().0;
+            if r.to.is_some_and(|to| time > to) {
+                // (nothing after the window counts: its end is the end)
+                heap.clear();
+                break;
+            }
             if r.now != Some(time) {
                 r.end_of_time();
+                if let Some(f) = r.from {
+                    if r.now.is_some_and(|n| n < f) && time >= f {
+                        r.enter_window(f);
+                    }
+                }
                 r.now = Some(time);
             }
             r.apply(s.process, time, ev);
@@ -499,6 +509,14 @@ impl Replay<'_> {
         self.dirty.clear();
         p.first_time.get_or_insert(t);
         p.last_time = Some(t);
+    }
+
+    /// The heap as the window opens at `from` (what the events before it left) is a
+    /// candidate peak of the run and of every process.
+    fn enter_window(&mut self, from: u64) {
+        self.dirty = (0..self.pass.processes.len() as u32).collect();
+        self.checkpoint(from);
+        self.dirty.clear();
     }
 
     /// Each cell's live bytes now are its figure at `--at`.
