@@ -382,8 +382,8 @@ fn pass(traces: &[&Trace], w: Window, want: &[u64]) -> (Replay, HashMap<u64, Sit
             if i > 0 {
                 r.checkpoints += 1;
                 r.peak.offer(total, f);
-                for p in 0..n {
-                    r.own_peaks[p].offer(own[p], f);
+                for (peak, &heap) in r.own_peaks.iter_mut().zip(&own) {
+                    peak.offer(heap, f);
                 }
                 if want.contains(&f) {
                     taken.insert(f, group(&live));
