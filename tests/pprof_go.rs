@@ -299,3 +299,61 @@ fn go_tool_pprof_reads_totals_stacks_functions_and_labels() {
     let args = ["-tags", "-sample_index=alloc_objects"];
     check_tags(&pprof(dir.path(), &args, &file).unwrap(), &inputs);
 }
+
+/// The command line's export of `fork/` (five processes) as go's pprof reads it: each sample
+/// type's total is the analysis's (allocated, and in use at the run's peak), and each pid's
+/// share of the bytes in use (`-tagfocus`) is what that process held at the run's peak.
+#[test]
+fn go_pprof_reads_an_exported_run() {
+    use memtrace_merge::analysis::{analyze, AnalysisOptions, Mode};
+    let fork = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fork.pb.gz");
+    let st = Command::new(env!("CARGO_BIN_EXE_memtrace-merge"))
+        .args(["export", "--mode", "peak", "-o"])
+        .arg(&file)
+        .arg(&fork)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let Some(raw) = pprof(dir.path(), &["-raw"], &file) else {
+        return;
+    };
+    let a = analyze(&[fork], &AnalysisOptions::default()).unwrap();
+    let stacks = a.stacks(Mode::Peak);
+    let (_, totals) = raw_totals(&raw);
+    let objects = |f: fn(&memtrace_merge::analysis::Stack) -> f64| -> i64 {
+        stacks.iter().map(|s| f(s).round() as i64).sum()
+    };
+    let t = a.total();
+    assert_eq!(
+        totals,
+        vec![
+            objects(|s| s.allocated_objects),
+            t.allocated_bytes as i64,
+            objects(|s| s.live_objects),
+            t.peak_bytes as i64,
+        ]
+    );
+    for (i, p) in a.processes().iter().enumerate() {
+        let focus = format!("-tagfocus=pid={}", p.pid);
+        let args = [
+            "-unit=B",
+            "-nodefraction=0",
+            "-nodecount=100000",
+            &focus,
+            "-top",
+        ];
+        let text = pprof(dir.path(), &args, &file).unwrap();
+        let (shown, total, _) = top(&text);
+        let held: u64 = (stacks.iter().filter(|s| s.process == i))
+            .map(|s| s.live_bytes)
+            .sum();
+        assert_eq!(
+            (shown, total),
+            (held as i64, t.peak_bytes as i64),
+            "{}",
+            p.pid
+        );
+    }
+}

@@ -3,3 +3,63 @@
 
 pub mod flamegraph;
 pub mod pprof;
+
+use crate::analysis::{Analysis, Mode};
+use pprof::{LabelValue, ProfileBuilder};
+
+/// The pprof profile of an analysis: every stack of every process with its allocated
+/// objects and bytes, and its objects and bytes in use at `mode` (the run's peak, the end
+/// or `--at`; [`Mode::Alloc`] takes the end), labelled with its process's `pid` and
+/// `executable`, its `domain` and allocation `source`. `inuse_space` is the default.
+pub fn pprof_profile(a: &Analysis, mode: Mode) -> ProfileBuilder {
+    let mut b = ProfileBuilder::new(
+        &[
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ],
+        "inuse_space",
+    );
+    let t = a.total();
+    let end = t.last_time_us.unwrap_or(a.start_us());
+    b.set_time(
+        (a.start_us() as i64).saturating_mul(1000),
+        (end.saturating_sub(a.start_us()) as i64).saturating_mul(1000),
+    );
+    let ps = a.processes();
+    b.add_comment(&format!(
+        "memtrace-merge: {} process(es); in use = {}",
+        ps.len(),
+        match mode {
+            Mode::Peak => "at the peak of the run",
+            Mode::At => "at --at",
+            Mode::End | Mode::Alloc => "at the end",
+        }
+    ));
+    for s in a.stacks(mode) {
+        let p = &ps[s.process];
+        let stack: Vec<&[crate::analysis::Frame]> = s.frames.iter().map(|f| &f[..]).collect();
+        let source = match s.source {
+            crate::AllocSource::Minor => "minor",
+            crate::AllocSource::Major => "major",
+            crate::AllocSource::External => "external",
+        };
+        b.add_sample(
+            &stack,
+            &[
+                s.allocated_objects.round() as i64,
+                s.allocated_bytes as i64,
+                s.live_objects.round() as i64,
+                s.live_bytes as i64,
+            ],
+            &[
+                ("pid", LabelValue::Num(p.pid as i64)),
+                ("executable", LabelValue::Str(p.executable.clone())),
+                ("domain", LabelValue::Num(s.domain.into())),
+                ("source", LabelValue::Str(source.into())),
+            ],
+        );
+    }
+    b
+}

@@ -269,3 +269,36 @@ pub fn flamegraph(a: FlameArgs) -> Result<(), Error> {
         }
     })
 }
+
+/// `export --format` (not `--to`, which ends the time window).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// A pprof profile (gzipped protocol buffer) for `go tool pprof`
+    Pprof,
+}
+
+/// `memtrace-merge export`.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub inputs: Inputs,
+    /// The format
+    #[arg(long, value_enum, default_value = "pprof")]
+    pub format: ExportFormat,
+    /// The file to write; `-` for stdout
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// When "in use" is taken: at the run's peak, at the end, or at a time (at=T)
+    #[arg(long, value_parser = mode_arg, default_value = "peak")]
+    pub mode: ModeArg,
+}
+
+pub fn export(a: ExportArgs) -> Result<(), Error> {
+    let an = run_analysis(&a.inputs, a.mode.at, None)?;
+    match a.format {
+        ExportFormat::Pprof => {
+            let p = memtrace_merge::export::pprof_profile(&an, a.mode.mode);
+            memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| p.write_gz(w))
+        }
+    }
+}

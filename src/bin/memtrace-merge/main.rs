@@ -71,6 +71,9 @@ enum Cmd {
     Timeline(analyze::TimelineArgs),
     /// An interactive SVG flame graph (or folded stacks) of what is allocated or live
     Flamegraph(analyze::FlameArgs),
+    /// Another tool's format: a pprof profile (allocated and in-use objects and bytes,
+    /// labelled by pid, executable, domain and source)
+    Export(analyze::ExportArgs),
     /// Re-encode a trace in file order (byte-identical when the format is kept; several
     /// format-3 domains to format 2: in time order)
     Copy {
@@ -258,6 +261,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         Cmd::Top(a) => analyze::top(a).map(|_| ExitCode::SUCCESS),
         Cmd::Timeline(a) => analyze::timeline(a).map(|_| ExitCode::SUCCESS),
         Cmd::Flamegraph(a) => analyze::flamegraph(a).map(|_| ExitCode::SUCCESS),
+        Cmd::Export(a) => analyze::export(a).map(|_| ExitCode::SUCCESS),
         Cmd::Compare {
             merged,
             sources,
