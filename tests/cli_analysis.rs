@@ -186,3 +186,32 @@ fn refusals_and_damage() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(o.stdout.is_empty());
 }
+
+/// `diff`: a run against itself changes nothing; two runs' site changes add up to the
+/// change of their totals (allocated, at the peak, at the end), in text and JSON alike.
+#[test]
+fn diff_adds_up() {
+    let c2 = data("fork/child-2.ctf").display().to_string();
+    let c4 = data("fork/child-4.ctf").display().to_string();
+    let same = stdout(&["diff", &c2, &c2]);
+    assert!(same.contains("(no site changed)"), "{same}");
+    for mode in ["alloc", "peak", "end"] {
+        let j: Value = serde_json::from_str(&stdout(&[
+            "diff", "--json", "-n", "100000", "--mode", mode, &c2, &c4,
+        ]))
+        .unwrap();
+        assert_eq!(j["schema"], "memtrace-merge.diff/1");
+        let key = format!("{mode}_bytes").replace("alloc_", "allocated_");
+        let total = j["new"][&key].as_i64().unwrap() - j["base"][&key].as_i64().unwrap();
+        let sites = j["sites"].as_array().unwrap();
+        let sum: i64 = sites
+            .iter()
+            .map(|s| s[&key]["change"].as_i64().unwrap())
+            .sum();
+        assert_eq!(sum, total, "{mode}");
+        let changes: Vec<u64> = (sites.iter())
+            .map(|s| s[&key]["change"].as_i64().unwrap().unsigned_abs())
+            .collect();
+        assert!(changes.windows(2).all(|w| w[0] >= w[1]), "{mode}: ranked");
+    }
+}

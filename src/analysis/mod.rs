@@ -406,13 +406,26 @@ impl Analysis {
         }
     }
 
+    /// The sites ranked by `mode`, of one process or all; those worth nothing at `mode`
+    /// left out.
     fn rows(&self, mode: Mode, by: By, process: Option<u32>) -> Vec<SiteRow> {
+        let rows = self.site_rows(mode, by, process);
+        let mut v: Vec<SiteRow> = rows.into_values().filter(|r| r.value > 0).collect();
+        v.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.frames.cmp(&b.frames)));
+        v
+    }
+
+    /// Every site with a figure other than zero, of one process or all.
+    fn site_rows(&self, mode: Mode, by: By, process: Option<u32>) -> HashMap<Vec<Frame>, SiteRow> {
         let mut rows: HashMap<Vec<Frame>, SiteRow> = HashMap::new();
         for (i, n) in self.pass.cells.iter().enumerate() {
             let owner = self.process_of(i);
-            if process.is_some_and(|p| p != owner)
-                || (n.allocations == 0 && n.live == 0 && n.at_peak.bytes == 0)
-            {
+            let nothing = n.allocations == 0
+                && n.live == 0
+                && n.at_peak.bytes == 0
+                && n.at_own_peak.bytes == 0
+                && n.at_time == 0;
+            if nothing || process.is_some_and(|p| p != owner) {
                 continue;
             }
             let frames = self.site(self.pass.tree.cells[i].node, by);
@@ -435,9 +448,7 @@ impl Analysis {
                 m => n.live_at(m),
             };
         }
-        let mut v: Vec<SiteRow> = rows.into_values().filter(|r| r.value > 0).collect();
-        v.sort_by(|a, b| b.value.cmp(&a.value).then_with(|| a.frames.cmp(&b.frames)));
-        v
+        rows
     }
 
     /// Every backtrace of every process, domain and kind of allocation, with what it
@@ -513,6 +524,84 @@ impl Analysis {
         let mut v: Vec<(String, u64)> = out.into_iter().collect();
         v.sort();
         v
+    }
+}
+
+/// A site in a [`Diff`]: its figures in the two runs (estimated bytes).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct DiffRow {
+    /// The site.
+    pub frames: Vec<Frame>,
+    /// Allocated: before, after.
+    pub allocated_bytes: (u64, u64),
+    /// Live at each run's peak.
+    pub peak_bytes: (u64, u64),
+    /// Live at each run's end.
+    pub end_bytes: (u64, u64),
+}
+
+impl DiffRow {
+    /// The change at `mode` (after - before).
+    pub fn delta(&self, mode: Mode) -> i64 {
+        let (a, b) = match mode {
+            Mode::Alloc => self.allocated_bytes,
+            Mode::End => self.end_bytes,
+            Mode::Peak | Mode::At => self.peak_bytes,
+        };
+        b as i64 - a as i64
+    }
+}
+
+/// What changed between two runs, site by site.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Diff {
+    /// The ranking: the change of this figure, largest first (in absolute value).
+    pub mode: Mode,
+    /// What a site is.
+    pub by: By,
+    /// The two runs as a whole.
+    pub totals: (ProcessSummary, ProcessSummary),
+    /// Every site of either run.
+    pub sites: Vec<DiffRow>,
+}
+
+/// Site by site, what changed from `base` to `new` (each one trace or many), ranked by the
+/// change at `mode` ([`Mode::At`] counts as [`Mode::Peak`]).
+pub fn diff(base: &Analysis, new: &Analysis, mode: Mode, by: By) -> Diff {
+    let mode = if mode == Mode::At { Mode::Peak } else { mode };
+    let mut rows: HashMap<Vec<Frame>, DiffRow> = HashMap::new();
+    for (side, a) in [base, new].into_iter().enumerate() {
+        for r in a.site_rows(Mode::Alloc, by, None).into_values() {
+            let d = rows.entry(r.frames.clone()).or_insert_with(|| DiffRow {
+                frames: r.frames.clone(),
+                ..DiffRow::default()
+            });
+            let set = |p: &mut (u64, u64), v| {
+                if side == 0 {
+                    p.0 = v
+                } else {
+                    p.1 = v
+                }
+            };
+            set(&mut d.allocated_bytes, r.allocated_bytes);
+            set(&mut d.peak_bytes, r.peak_bytes);
+            set(&mut d.end_bytes, r.end_bytes);
+        }
+    }
+    let mut sites: Vec<DiffRow> = rows.into_values().collect();
+    sites.sort_by(|a, b| {
+        (b.delta(mode)
+            .unsigned_abs()
+            .cmp(&a.delta(mode).unsigned_abs()))
+        .then_with(|| a.frames.cmp(&b.frames))
+    });
+    Diff {
+        mode,
+        by,
+        totals: (base.total(), new.total()),
+        sites,
     }
 }
 

@@ -6,12 +6,19 @@ use memtrace_merge::analysis::{analyze, Analysis, AnalysisOptions, By, Filter, M
 use memtrace_merge::{AllocSource, Error};
 use std::path::PathBuf;
 
-/// Which allocations count, and the inputs: what every analysis command takes.
+/// The inputs and which of their allocations count: what every analysis command takes.
 #[derive(clap::Args, Clone)]
 pub struct Inputs {
     /// Traces: files, directories of .ctf files, pipes (several are merged on the fly)
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub filters: Filters,
+}
+
+/// Which allocations count.
+#[derive(clap::Args, Clone)]
+pub struct Filters {
     /// Only this process (repeatable)
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u64>,
@@ -104,6 +111,15 @@ pub fn run_analysis(
     at: Option<TimeSpec>,
     step_us: Option<u64>,
 ) -> Result<Analysis, Error> {
+    analyse_with(&i.inputs, &i.filters, at, step_us)
+}
+
+fn analyse_with(
+    inputs: &[PathBuf],
+    i: &Filters,
+    at: Option<TimeSpec>,
+    step_us: Option<u64>,
+) -> Result<Analysis, Error> {
     let opts = AnalysisOptions {
         filter: Filter {
             pids: i.pids.clone(),
@@ -123,7 +139,7 @@ pub fn run_analysis(
         ..AnalysisOptions::default()
     };
     memtrace_merge::cli::cancel_on_interrupt(&opts.cancel);
-    let a = analyze(&i.inputs, &opts)?;
+    let a = analyze(inputs, &opts)?;
     if !i.no_warnings {
         for w in a.warnings() {
             crate::say(format_args!("warning: {w}"));
@@ -301,4 +317,52 @@ pub fn export(a: ExportArgs) -> Result<(), Error> {
             memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| p.write_gz(w))
         }
     }
+}
+
+/// `memtrace-merge diff`.
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The traces before: a file or a directory of them
+    pub base: PathBuf,
+    /// The traces after
+    pub new: PathBuf,
+    #[command(flatten)]
+    pub filters: Filters,
+    /// Rank sites by the change of bytes allocated, live at each run's peak, or live at the
+    /// end
+    #[arg(long, value_enum, default_value_t = DiffMode::Peak)]
+    pub mode: DiffMode,
+    /// What a site is
+    #[arg(long, value_enum, default_value_t = ByArg::Function)]
+    pub by: ByArg,
+    /// How many sites
+    #[arg(short = 'n', default_value_t = 20)]
+    pub n: usize,
+    /// One JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `diff --mode`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum DiffMode {
+    Alloc,
+    Peak,
+    End,
+}
+
+pub fn diff(a: DiffArgs) -> Result<(), Error> {
+    let base = analyse_with(std::slice::from_ref(&a.base), &a.filters, None, None)?;
+    let new = analyse_with(std::slice::from_ref(&a.new), &a.filters, None, None)?;
+    let mode = match a.mode {
+        DiffMode::Alloc => Mode::Alloc,
+        DiffMode::Peak => Mode::Peak,
+        DiffMode::End => Mode::End,
+    };
+    let d = memtrace_merge::analysis::diff(&base, &new, mode, a.by.into());
+    crate::print_out(&if a.json {
+        render::diff_json(&d, a.n)
+    } else {
+        render::diff_text(&d, a.n)
+    })
 }

@@ -74,6 +74,9 @@ enum Cmd {
     /// Another tool's format: a pprof profile (allocated and in-use objects and bytes,
     /// labelled by pid, executable, domain and source)
     Export(analyze::ExportArgs),
+    /// What changed between two runs (traces or directories): per site, the change of
+    /// bytes allocated and live at the peak, largest first
+    Diff(analyze::DiffArgs),
     /// Re-encode a trace in file order (byte-identical when the format is kept; several
     /// format-3 domains to format 2: in time order)
     Copy {
@@ -262,6 +265,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         Cmd::Timeline(a) => analyze::timeline(a).map(|_| ExitCode::SUCCESS),
         Cmd::Flamegraph(a) => analyze::flamegraph(a).map(|_| ExitCode::SUCCESS),
         Cmd::Export(a) => analyze::export(a).map(|_| ExitCode::SUCCESS),
+        Cmd::Diff(a) => analyze::diff(a).map(|_| ExitCode::SUCCESS),
         Cmd::Compare {
             merged,
             sources,

@@ -181,14 +181,22 @@ fn sites_table(o: &mut String, rows: &[SiteRow], n: usize, whole: u64) {
     }
 }
 
+fn frames_json(frames: &[memtrace_merge::analysis::Frame]) -> Value {
+    (frames.iter())
+        .map(|f| {
+            json!({
+                "function": f.function,
+                "file": f.file,
+                "line": f.line,
+                "columns": [f.columns.0, f.columns.1],
+            })
+        })
+        .collect()
+}
+
 fn site_json(r: &SiteRow) -> Value {
     json!({
-        "frames": r.frames.iter().map(|f| json!({
-            "function": f.function,
-            "file": f.file,
-            "line": f.line,
-            "columns": [f.columns.0, f.columns.1],
-        })).collect::<Vec<_>>(),
+        "frames": frames_json(&r.frames),
         "value": r.value,
         "allocated_bytes": r.allocated_bytes,
         "allocated_objects": r.allocated_objects.round() as u64,
@@ -375,6 +383,116 @@ pub fn timeline_json(tl: &Timeline) -> String {
         },
         "processes": tl.processes.iter().map(|p| process_json(p, tl.start_us)).collect::<Vec<_>>(),
         "steps": steps,
+    });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+fn signed(d: i64) -> String {
+    let s = size(d.unsigned_abs());
+    if d < 0 {
+        format!("-{s}")
+    } else if d > 0 {
+        format!("+{s}")
+    } else {
+        s
+    }
+}
+
+/// `diff`'s text: the runs' totals, then the sites that changed most.
+pub fn diff_text(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
+    let mut o = String::new();
+    let (a, b) = &d.totals;
+    let _ = writeln!(
+        o,
+        "{:>22} {:>12} {:>12} {:>12}",
+        "", "base", "new", "change"
+    );
+    for (what, x, y) in [
+        ("allocated", a.allocated_bytes, b.allocated_bytes),
+        ("peak", a.peak_bytes, b.peak_bytes),
+        ("live at the end", a.end_bytes, b.end_bytes),
+    ] {
+        let _ = writeln!(
+            o,
+            "{what:>22} {:>12} {:>12} {:>12}",
+            size(x),
+            size(y),
+            signed(y as i64 - x as i64)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nSites by change of bytes {}, by {}:",
+        match d.mode {
+            Mode::Alloc => "allocated",
+            Mode::End => "live at the end",
+            _ => "live at the peak",
+        },
+        by_name(d.by)
+    );
+    let _ = writeln!(
+        o,
+        "{:>11} {:>11} {:>11} {:>12}  site",
+        "base", "new", "change", "alloc change"
+    );
+    let changed: Vec<_> = d.sites.iter().filter(|r| r.delta(d.mode) != 0).collect();
+    for r in changed.iter().take(n) {
+        let (x, y) = match d.mode {
+            Mode::Alloc => r.allocated_bytes,
+            Mode::End => r.end_bytes,
+            _ => r.peak_bytes,
+        };
+        let site: Vec<String> = r.frames.iter().map(|f| f.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "{:>11} {:>11} {:>11} {:>12}  {}",
+            size(x),
+            size(y),
+            signed(r.delta(d.mode)),
+            signed(r.delta(Mode::Alloc)),
+            site.join(" <- ")
+        );
+    }
+    if changed.len() > n {
+        let _ = writeln!(o, "{:>11} more sites changed", changed.len() - n);
+    }
+    if changed.is_empty() {
+        let _ = writeln!(o, "{:>11}  (no site changed)", "-");
+    }
+    o
+}
+
+/// `diff --json`: schema `memtrace-merge.diff/1`.
+pub fn diff_json(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
+    let pair = |(a, b): (u64, u64)| json!({"base": a, "new": b, "change": b as i64 - a as i64});
+    let total = |p: &ProcessSummary| {
+        json!({
+            "allocated_bytes": p.allocated_bytes,
+            "peak_bytes": p.peak_bytes,
+            "end_bytes": p.end_bytes,
+        })
+    };
+    let sites: Vec<Value> = (d.sites.iter())
+        .filter(|r| r.delta(d.mode) != 0)
+        .take(n)
+        .map(|r| {
+            json!({
+                "frames": frames_json(&r.frames),
+                "allocated_bytes": pair(r.allocated_bytes),
+                "peak_bytes": pair(r.peak_bytes),
+                "end_bytes": pair(r.end_bytes),
+            })
+        })
+        .collect();
+    let v = json!({
+        "schema": "memtrace-merge.diff/1",
+        "mode": mode_name(d.mode),
+        "by": by_name(d.by),
+        "base": total(&d.totals.0),
+        "new": total(&d.totals.1),
+        "sites": sites,
     });
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
     s.push('\n');
