@@ -37,3 +37,38 @@ fn the_c_example_is_the_file_ci_builds() {
     assert_eq!(b.len(), 1, "{b:?}");
     assert_eq!(b[0], file("tests/c/example.c"));
 }
+
+/// The key paths of a JSON value (`a.b[].c`), arrays taken as their elements.
+fn key_paths(v: &serde_json::Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{at}.{k}");
+                out.insert(p.clone());
+                key_paths(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| key_paths(x, &format!("{at}[]"), out)),
+        _ => {}
+    }
+}
+
+/// The README's `top --json` example has the keys `top --json` writes, no more, no fewer.
+#[test]
+fn the_json_schema_in_the_readme_is_what_top_writes() {
+    let b = blocks("Where the memory goes", "json");
+    assert_eq!(b.len(), 1, "{b:?}");
+    let documented: serde_json::Value = serde_json::from_str(&b[0]).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memtrace-merge"))
+        .args(["top", "--json", "-n", "1"])
+        .arg(root.join("tests/data/external.ctf"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let written: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (mut a, mut b) = Default::default();
+    key_paths(&documented, "", &mut a);
+    key_paths(&written, "", &mut b);
+    assert_eq!(a, b);
+}

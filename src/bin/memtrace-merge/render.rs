@@ -227,12 +227,18 @@ fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
 
 /// `top --json`: schema `memtrace-merge.top/1` (README, "JSON").
 pub fn top_json(t: &Top, n: usize) -> String {
-    let mut total = process_json(&t.total, t.start_us);
-    if let Value::Object(m) = &mut total {
-        for k in ["file", "pid", "executable", "sample_rate", "warnings"] {
-            m.remove(k);
-        }
-    }
+    let p = &t.total;
+    let total = json!({
+        "allocations": p.allocations,
+        "samples": p.samples,
+        "allocated_bytes": p.allocated_bytes,
+        "allocated_objects": p.allocated_objects.round() as u64,
+        "peak_bytes": p.peak_bytes,
+        "peak_time_us": p.peak_time_us,
+        "peak_offset_s": p.peak_time_us.map(|x| x.saturating_sub(t.start_us) as f64 / 1e6),
+        "end_bytes": p.end_bytes,
+        "last_time_us": p.last_time_us,
+    });
     let processes: Vec<Value> = (t.processes.iter().zip(&t.process_sites))
         .map(|(p, rows)| {
             let mut v = process_json(p, t.start_us);
