@@ -206,12 +206,9 @@ fn site_json(r: &SiteRow) -> Value {
     })
 }
 
-fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
-    json!({
-        "file": p.file,
-        "pid": p.pid,
-        "executable": p.executable,
-        "sample_rate": p.sample_rate,
+/// A process's (or the run's) figures.
+fn figures_json(p: &ProcessSummary, start_us: u64) -> serde_json::Map<String, Value> {
+    let v = json!({
         "allocations": p.allocations,
         "samples": p.samples,
         "allocated_bytes": p.allocated_bytes,
@@ -221,24 +218,31 @@ fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
         "peak_offset_s": p.peak_time_us.map(|t| t.saturating_sub(start_us) as f64 / 1e6),
         "end_bytes": p.end_bytes,
         "last_time_us": p.last_time_us,
-        "warnings": p.warnings,
-    })
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("json! of an object"),
+    }
+}
+
+fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
+    let mut m = match json!({
+        "file": p.file,
+        "pid": p.pid,
+        "executable": p.executable,
+        "sample_rate": p.sample_rate,
+    }) {
+        Value::Object(m) => m,
+        _ => unreachable!("json! of an object"),
+    };
+    m.extend(figures_json(p, start_us));
+    m.insert("warnings".into(), json!(p.warnings));
+    Value::Object(m)
 }
 
 /// `top --json`: schema `memtrace-merge.top/1` (README, "JSON").
 pub fn top_json(t: &Top, n: usize) -> String {
-    let p = &t.total;
-    let total = json!({
-        "allocations": p.allocations,
-        "samples": p.samples,
-        "allocated_bytes": p.allocated_bytes,
-        "allocated_objects": p.allocated_objects.round() as u64,
-        "peak_bytes": p.peak_bytes,
-        "peak_time_us": p.peak_time_us,
-        "peak_offset_s": p.peak_time_us.map(|x| x.saturating_sub(t.start_us) as f64 / 1e6),
-        "end_bytes": p.end_bytes,
-        "last_time_us": p.last_time_us,
-    });
+    let total = Value::Object(figures_json(&t.total, t.start_us));
     let processes: Vec<Value> = (t.processes.iter().zip(&t.process_sites))
         .map(|(p, rows)| {
             let mut v = process_json(p, t.start_us);
