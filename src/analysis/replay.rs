@@ -7,7 +7,8 @@ use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
-use crate::format::location::{IntMap, LocationList, LocationTable};
+use crate::format::location::{LocationList, LocationTable};
+use crate::merge::live::LiveObjects;
 use crate::reader::{scan_domains, EventSink, Reader};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -126,8 +127,19 @@ pub(crate) struct ProcessState {
     /// Cells whose live bytes changed since this process's last peak.
     touched: Vec<u32>,
     dirty: bool,
-    /// Live objects: their cell and bytes.
-    objects: IntMap<u64, (u32, u64)>,
+    /// Live objects: their cell and samples, packed ([`pack`]).
+    objects: LiveObjects,
+}
+
+/// A live object's cell and samples in one word (as the ring of live objects keeps them);
+/// samples beyond 2^32 - 2 (none in a real trace) are cut there, and never make the
+/// ring's empty value.
+fn pack(cell: u32, nsamples: u64) -> u64 {
+    u64::from(cell) << 32 | nsamples.min(u64::from(u32::MAX) - 1)
+}
+
+fn unpack(v: u64) -> (u32, u64) {
+    ((v >> 32) as u32, v & u64::from(u32::MAX))
 }
 
 /// What one cell (backtrace, domain, source) allocated and holds. Bytes are estimates, `nsamples` exact.
@@ -569,11 +581,15 @@ impl Replay<'_> {
                     n.bytes += bytes;
                     n.objects += objects;
                 }
-                st.objects.insert(id, (cell, bytes));
+                st.objects.insert(id, pack(cell, nsamples));
                 (cell, bytes as i64)
             }
-            Ev::Collect { id, .. } => match st.objects.remove(&id) {
-                Some((cell, bytes)) => (cell, -(bytes as i64)),
+            Ev::Collect { id, .. } => match st.objects.remove(id) {
+                Some(v) => {
+                    let (cell, nsamples) = unpack(v);
+                    let bytes = (nsamples as f64 * st.bytes_per_sample).round() as u64;
+                    (cell, -(bytes as i64))
+                }
                 None => {
                     st.unmatched += 1;
                     return;

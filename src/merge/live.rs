@@ -12,7 +12,7 @@ const MIN_RING: usize = 4096;
 const MAX_RING: usize = 16384;
 const EMPTY: u64 = u64::MAX;
 
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct LiveObjects {
     /// ids below `base` are in `old`; `ring[id % len]` holds id's entry for base ≤ id < base + len
     base: u64,
