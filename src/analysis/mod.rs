@@ -7,6 +7,7 @@
 //! rate of its own trace (so inputs of different rates need no thinning); objects are
 //! estimated as `n / (rate x (length + 1))`. Sample counts are exact.
 
+mod feed;
 mod replay;
 mod sites;
 

@@ -2,109 +2,22 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::sites::{define, Path, Tree};
+use super::feed::{Ev, Feed, StreamSpec};
+use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
-use crate::format::event::{AllocSource, LocationCode};
-use crate::format::location::{LocationList, LocationTable};
+use crate::format::location::LocationTable;
 use crate::merge::live::LiveObjects;
-use crate::reader::{scan_domains, EventSink, Reader};
+use crate::reader::{scan_domains, Reader};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::path::PathBuf;
 
-/// Events read from a stream at a time.
+/// Events decoded from a stream at a time, at most (fewer when there are many streams, so
+/// that the batches in flight, two a stream, stay within a few MiB).
 const BATCH: usize = 1024;
-
-/// What the pass needs of an event: promotes change no liveness and are not kept.
-#[derive(Clone, Copy)]
-enum Ev {
-    Alloc {
-        time: u64,
-        id: u64,
-        cell: u32,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-    },
-    Collect {
-        time: u64,
-        id: u64,
-    },
-}
-
-impl Ev {
-    fn key(&self) -> (u64, u8) {
-        match *self {
-            Ev::Alloc { time, .. } => (time, 0),
-            Ev::Collect { time, .. } => (time, 1),
-        }
-    }
-}
-
-/// One domain of one input, read a batch ahead.
-struct Stream {
-    process: u32,
-    domain: u16,
-    reader: Option<Reader<File>>,
-    path: Path,
-    /// The last allocation's (node, source, cell): most follow one of the same site.
-    last: Option<(u32, AllocSource, u32)>,
-    ready: VecDeque<Ev>,
-}
-
-/// Hands a stream's events to the pass, its backtraces interned in the tree.
-struct Sink<'a> {
-    tree: &'a mut Tree,
-    table: &'a mut LocationTable,
-    process: u32,
-    domain: u16,
-    path: &'a mut Path,
-    last: &'a mut Option<(u32, AllocSource, u32)>,
-    out: &'a mut VecDeque<Ev>,
-}
-
-impl EventSink for Sink<'_> {
-    fn location(&mut self, code: LocationCode, locs: &LocationList) {
-        define(self.table, code, locs);
-    }
-    fn alloc(
-        &mut self,
-        time: u64,
-        id: u64,
-        length: u64,
-        nsamples: u64,
-        source: AllocSource,
-        common_prefix: u64,
-        backtrace: &[LocationCode],
-        _slots: &[u16],
-    ) {
-        let common = common_prefix as usize;
-        let node = (self.tree).intern(self.process, self.path, common, backtrace);
-        let cell = match *self.last {
-            Some((n, s, c)) if n == node && s == source => c,
-            _ => {
-                let c = self.tree.cell(node, self.domain, source);
-                *self.last = Some((node, source, c));
-                c
-            }
-        };
-        self.out.push_back(Ev::Alloc {
-            time,
-            id,
-            cell,
-            length,
-            nsamples,
-            source,
-        });
-    }
-    fn promote(&mut self, _time: u64, _id: u64) {}
-    fn collect(&mut self, time: u64, id: u64) {
-        self.out.push_back(Ev::Collect { time, id });
-    }
-}
 
 /// What the pass learns of one process (input).
 #[derive(Clone, Debug, Default)]
@@ -291,7 +204,7 @@ fn open(
     sources: &[PathBuf],
     filter: &Filter,
     tree: &mut Tree,
-) -> Result<(Vec<ProcessState>, Vec<Stream>)> {
+) -> Result<(Vec<ProcessState>, Vec<StreamSpec>)> {
     let mut processes = Vec::new();
     let mut streams = Vec::new();
     for (name, path) in names.iter().zip(sources) {
@@ -340,13 +253,10 @@ fn open(
             if info.version >= 3 {
                 r.set_domain_filter(Some(d));
             }
-            streams.push(Stream {
+            streams.push(StreamSpec {
                 process,
                 domain: d,
-                reader: Some(r),
-                path: Path::default(),
-                last: None,
-                ready: VecDeque::new(),
+                reader: r,
             });
         }
     }
@@ -359,39 +269,6 @@ fn open_as(source: &std::path::Path, name: &std::path::Path) -> Result<Reader<Fi
     Reader::new(f, &name.display().to_string())
 }
 
-/// Read the stream's next batch (none at its end; a damaged stream ends with a warning).
-fn refill(s: &mut Stream, tree: &mut Tree, processes: &mut [ProcessState]) {
-    let Some(r) = s.reader.as_mut() else { return };
-    let p = s.process as usize;
-    let mut table = std::mem::take(&mut tree.locations[p]);
-    let mut sink = Sink {
-        tree,
-        table: &mut table,
-        process: s.process,
-        domain: s.domain,
-        path: &mut s.path,
-        last: &mut s.last,
-        out: &mut s.ready,
-    };
-    let more = r.read_events(&mut sink, BATCH);
-    tree.locations[p] = table;
-    let st = &mut processes[p];
-    for w in r.take_warnings() {
-        st.warnings.push(w.to_string());
-    }
-    match more {
-        Ok(true) => {}
-        Ok(false) => s.reader = None,
-        Err(e) => {
-            let d = s.domain;
-            st.warnings.push(format!(
-                "domain {d}: analysed up to an error, the rest left out: {e}"
-            ));
-            s.reader = None;
-        }
-    }
-}
-
 /// The pass over `inputs`.
 pub(crate) fn run(
     names: &[PathBuf],
@@ -401,7 +278,7 @@ pub(crate) fn run(
 ) -> Result<Pass> {
     let filter = &opts.filter;
     let mut tree = Tree::default();
-    let (processes, mut streams) = open(names, sources, filter, &mut tree)?;
+    let (processes, streams) = open(names, sources, filter, &mut tree)?;
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
             "no input left: --pid names no process of the inputs".into(),
@@ -410,7 +287,7 @@ pub(crate) fn run(
     let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
     let mut r = Replay {
         pass: Pass {
-            tree,
+            tree: Tree::default(),
             processes,
             cells: Vec::new(),
             peak: 0,
@@ -434,10 +311,13 @@ pub(crate) fn run(
         touched: Vec::new(),
         now: None,
     };
+    let nstreams = streams.len();
+    let batch = (BATCH * 256 / nstreams.max(1)).clamp(64, BATCH);
+    let mut feed = Feed::start(tree, streams, batch)?;
+    let process: Vec<u32> = (0..nstreams).map(|i| feed.process(i)).collect();
     let mut heap = BinaryHeap::new();
-    for (i, s) in streams.iter_mut().enumerate() {
-        refill(s, &mut r.pass.tree, &mut r.pass.processes);
-        if let Some(e) = s.ready.front() {
+    for i in 0..nstreams {
+        if let Some(e) = feed.peek(i)? {
             heap.push(Reverse((e.key(), i)));
         }
     }
@@ -446,13 +326,18 @@ pub(crate) fn run(
         // (a stream's events are taken while they come before every other stream's next
         // one: the heap is touched once a run, not once an event)
         let bound = heap.peek().map(|Reverse(k)| *k);
-        let s = &mut streams[i];
-        while let Some(ev) = s.ready.pop_front() {
+        while let Some(&ev) = feed.peek(i)? {
+            let key = ev.key();
+            if bound.is_some_and(|b| (key, i) > b) {
+                heap.push(Reverse((key, i)));
+                break;
+            }
+            feed.advance(i);
             events += 1;
             if events.is_multiple_of(65536) && cancel.is_cancelled() {
                 return Err(Error::Cancelled);
             }
-            let time = ev.key().0;
+            let time = key.0;
             if r.to.is_some_and(|to| time > to) {
                 // (nothing after the window counts: its end is the end)
                 heap.clear();
@@ -467,20 +352,13 @@ pub(crate) fn run(
                 }
                 r.now = Some(time);
             }
-            r.apply(s.process, time, ev);
-            if s.ready.is_empty() {
-                refill(s, &mut r.pass.tree, &mut r.pass.processes);
-            }
-            match s.ready.front() {
-                Some(e) if bound.is_none_or(|b| (e.key(), i) < b) => {}
-                Some(e) => {
-                    heap.push(Reverse((e.key(), i)));
-                    break;
-                }
-                None => break,
-            }
+            r.apply(process[i], time, ev);
         }
     }
+    for (p, w) in std::mem::take(&mut feed.warnings) {
+        r.pass.processes[p as usize].warnings.push(w);
+    }
+    r.pass.tree = feed.finish()?;
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
@@ -564,8 +442,9 @@ impl Replay<'_> {
                     return;
                 }
                 if pass.cells.len() <= cell as usize {
-                    pass.cells
-                        .resize(pass.tree.cells.len(), NodeStats::default());
+                    // (the tree is the decoding thread's until the end)
+                    let n = (cell as usize + 1).max(2 * pass.cells.len());
+                    pass.cells.resize(n, NodeStats::default());
                 }
                 let n = &mut pass.cells[cell as usize];
                 let objects = if st.sample_rate > 0.0 {

@@ -1,0 +1,314 @@
+//! An analysis's streams decoded a batch ahead on a thread of their own, their backtraces
+//! interned there, so that the pass (on the caller's thread) only replays events.
+
+use super::sites::{define, Path, Tree};
+use crate::error::{Error, Result};
+use crate::format::event::{AllocSource, LocationCode};
+use crate::format::location::{LocationList, LocationTable};
+use crate::reader::{EventSink, Reader};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+/// What the pass needs of an event: promotes change no liveness and are not kept.
+#[derive(Clone, Copy)]
+pub(crate) enum Ev {
+    Alloc {
+        time: u64,
+        id: u64,
+        cell: u32,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+    },
+    Collect {
+        time: u64,
+        id: u64,
+    },
+}
+
+impl Ev {
+    /// The order of events: by time, a microsecond's allocations before its collections.
+    pub(crate) fn key(&self) -> (u64, u8) {
+        match *self {
+            Ev::Alloc { time, .. } => (time, 0),
+            Ev::Collect { time, .. } => (time, 1),
+        }
+    }
+}
+
+/// One domain of one input, to be read.
+pub(crate) struct StreamSpec {
+    pub(crate) process: u32,
+    pub(crate) domain: u16,
+    pub(crate) reader: Reader<File>,
+}
+
+/// A stream as the decoding thread reads it.
+struct Decoding {
+    process: u32,
+    domain: u16,
+    reader: Option<Reader<File>>,
+    path: Path,
+    /// The last allocation's (node, source, cell): most follow one of the same site.
+    last: Option<(u32, AllocSource, u32)>,
+}
+
+/// Hands a stream's events to a batch, its backtraces interned in the tree.
+struct Sink<'a> {
+    tree: &'a mut Tree,
+    table: &'a mut LocationTable,
+    s: &'a mut Decoding,
+    out: &'a mut Vec<Ev>,
+}
+
+impl EventSink for Sink<'_> {
+    fn location(&mut self, code: LocationCode, locs: &LocationList) {
+        define(self.table, code, locs);
+    }
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+        backtrace: &[LocationCode],
+        _slots: &[u16],
+    ) {
+        let s = &mut *self.s;
+        let node = (self.tree).intern(s.process, &mut s.path, common_prefix as usize, backtrace);
+        let cell = match s.last {
+            Some((n, src, c)) if n == node && src == source => c,
+            _ => {
+                let c = self.tree.cell(node, s.domain, source);
+                s.last = Some((node, source, c));
+                c
+            }
+        };
+        self.out.push(Ev::Alloc {
+            time,
+            id,
+            cell,
+            length,
+            nsamples,
+            source,
+        });
+    }
+    fn promote(&mut self, _time: u64, _id: u64) {}
+    fn collect(&mut self, time: u64, id: u64) {
+        self.out.push(Ev::Collect { time, id });
+    }
+}
+
+/// A stream's next events, and what was met reading them.
+struct Batch {
+    stream: u32,
+    events: Vec<Ev>,
+    /// Damage met: (process, warning).
+    warnings: Vec<(u32, String)>,
+    /// The stream has no more.
+    end: bool,
+}
+
+/// Read up to `max` events of `s` into `out` (a damaged stream ends with a warning).
+fn decode(s: &mut Decoding, tree: &mut Tree, out: &mut Vec<Ev>, max: usize) -> Batch {
+    let stream_end = |events, warnings| Batch {
+        stream: 0,
+        events,
+        warnings,
+        end: true,
+    };
+    let Some(mut r) = s.reader.take() else {
+        return stream_end(std::mem::take(out), Vec::new());
+    };
+    let p = s.process as usize;
+    let mut table = std::mem::take(&mut tree.locations[p]);
+    let more = r.read_events(
+        &mut Sink {
+            tree,
+            table: &mut table,
+            s,
+            out,
+        },
+        max,
+    );
+    tree.locations[p] = table;
+    let mut warnings: Vec<(u32, String)> = (r.take_warnings().into_iter())
+        .map(|w| (s.process, w.to_string()))
+        .collect();
+    let end = match more {
+        Ok(true) => {
+            s.reader = Some(r);
+            false
+        }
+        Ok(false) => true,
+        Err(e) => {
+            let d = s.domain;
+            warnings.push((
+                s.process,
+                format!("domain {d}: analysed up to an error, the rest left out: {e}"),
+            ));
+            true
+        }
+    };
+    Batch {
+        stream: 0,
+        events: std::mem::take(out),
+        warnings,
+        end,
+    }
+}
+
+/// The pass's side of a stream: the batch being replayed and the next, when it came.
+struct Queue {
+    process: u32,
+    ready: Vec<Ev>,
+    pos: usize,
+    next: VecDeque<Batch>,
+    ended: bool,
+}
+
+/// The streams' events, decoded ahead on another thread.
+pub(crate) struct Feed {
+    requests: Option<Sender<(u32, Vec<Ev>)>>,
+    batches: Receiver<Batch>,
+    worker: Option<JoinHandle<Tree>>,
+    queues: Vec<Queue>,
+    /// Damage met so far: (process, warning).
+    pub(crate) warnings: Vec<(u32, String)>,
+}
+
+impl Feed {
+    /// Start decoding `streams` with `tree` (and its location tables, one an input), up to
+    /// `batch` events a stream at a time.
+    pub(crate) fn start(tree: Tree, streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
+        let (req_tx, req_rx) = channel::<(u32, Vec<Ev>)>();
+        let (out_tx, out_rx) = channel::<Batch>();
+        let n = streams.len();
+        let processes: Vec<u32> = streams.iter().map(|s| s.process).collect();
+        let mut decoding: Vec<Decoding> = (streams.into_iter())
+            .map(|s| Decoding {
+                process: s.process,
+                domain: s.domain,
+                reader: Some(s.reader),
+                path: Path::default(),
+                last: None,
+            })
+            .collect();
+        let worker = std::thread::Builder::new()
+            .name("memtrace-analysis-decode".into())
+            .spawn(move || {
+                let mut tree = tree;
+                // (ends when the pass drops its sender: done, failed or cancelled)
+                while let Ok((i, mut buf)) = req_rx.recv() {
+                    buf.clear();
+                    let mut b = decode(&mut decoding[i as usize], &mut tree, &mut buf, batch);
+                    b.stream = i;
+                    if out_tx.send(b).is_err() {
+                        break;
+                    }
+                }
+                tree
+            })
+            .map_err(|e| Error::Internal(format!("cannot start a decoding thread: {e}")))?;
+        let mut f = Feed {
+            requests: Some(req_tx),
+            batches: out_rx,
+            worker: Some(worker),
+            queues: (processes.into_iter())
+                .map(|process| Queue {
+                    process,
+                    ready: Vec::new(),
+                    pos: 0,
+                    next: VecDeque::new(),
+                    ended: false,
+                })
+                .collect(),
+            warnings: Vec::new(),
+        };
+        for i in 0..n {
+            f.ask(i, Vec::with_capacity(batch));
+        }
+        Ok(f)
+    }
+
+    /// The process (input) of stream `i`.
+    pub(crate) fn process(&self, i: usize) -> u32 {
+        self.queues[i].process
+    }
+
+    fn ask(&mut self, i: usize, buf: Vec<Ev>) {
+        if let Some(tx) = &self.requests {
+            // (a thread that ended early is found when its batches do not come)
+            let _ = tx.send((i as u32, buf));
+        }
+    }
+
+    /// Stream `i`'s next event, without taking it; None at its end.
+    #[inline]
+    pub(crate) fn peek(&mut self, i: usize) -> Result<Option<&Ev>> {
+        if self.queues[i].pos == self.queues[i].ready.len() && !self.refill(i)? {
+            return Ok(None);
+        }
+        let q = &self.queues[i];
+        Ok(q.ready.get(q.pos))
+    }
+
+    /// Take stream `i`'s next event (after a [`Feed::peek`] that found one).
+    #[inline]
+    pub(crate) fn advance(&mut self, i: usize) {
+        self.queues[i].pos += 1;
+    }
+
+    /// Move stream `i`'s next batch in, waiting for it; false at the stream's end.
+    #[cold]
+    fn refill(&mut self, i: usize) -> Result<bool> {
+        loop {
+            if self.queues[i].ended && self.queues[i].next.is_empty() {
+                return Ok(false);
+            }
+            if let Some(b) = self.queues[i].next.pop_front() {
+                self.warnings.extend(b.warnings);
+                let q = &mut self.queues[i];
+                let done = std::mem::replace(&mut q.ready, b.events);
+                q.pos = 0;
+                q.ended |= b.end;
+                if !q.ended {
+                    self.ask(i, done);
+                }
+                if self.queues[i].ready.is_empty() {
+                    continue;
+                }
+                return Ok(true);
+            }
+            match self.batches.recv() {
+                Ok(b) => {
+                    let q = &mut self.queues[b.stream as usize];
+                    q.next.push_back(b);
+                }
+                Err(_) => return Err(self.failed()),
+            }
+        }
+    }
+
+    /// The decoding thread's end, when it ended before its time.
+    fn failed(&mut self) -> Error {
+        self.requests = None;
+        match self.worker.take().map(|w| w.join()) {
+            Some(Err(_)) => Error::Internal("the decoding thread panicked".into()),
+            _ => Error::Internal("the decoding thread ended early".into()),
+        }
+    }
+
+    /// Stop decoding; the tree, with every backtrace met.
+    pub(crate) fn finish(mut self) -> Result<Tree> {
+        self.requests = None;
+        match self.worker.take().map(|w| w.join()) {
+            Some(Ok(tree)) => Ok(tree),
+            _ => Err(Error::Internal("the decoding thread panicked".into())),
+        }
+    }
+}
