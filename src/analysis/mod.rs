@@ -127,6 +127,12 @@ pub struct ProcessSummary {
     pub pid: u64,
     /// The program.
     pub executable: String,
+    /// The machine it ran on.
+    pub host: String,
+    /// The trace's context string, if any (`MEMTRACE_CONTEXT`, or a merge's).
+    pub context: Option<String>,
+    /// When the trace started (µs since the epoch).
+    pub start_us: u64,
     /// The trace's sampling rate.
     pub sample_rate: f64,
     /// Allocations sampled (counted by the filter).
@@ -305,6 +311,9 @@ impl Analysis {
                 file: p.file.clone(),
                 pid: p.pid,
                 executable: p.executable.clone(),
+                host: p.host.clone(),
+                context: p.context.clone(),
+                start_us: p.start_us,
                 sample_rate: p.sample_rate,
                 peak_bytes: p.peak,
                 peak_time_us: p.peak_time,
@@ -336,6 +345,7 @@ impl Analysis {
             peak_bytes: self.pass.peak,
             peak_time_us: self.pass.peak_time,
             last_time_us: self.pass.last_time,
+            start_us: self.start_us,
             ..ProcessSummary::default()
         }
     }

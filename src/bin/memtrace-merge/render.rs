@@ -230,6 +230,9 @@ fn process_json(p: &ProcessSummary, start_us: u64) -> Value {
         "file": p.file,
         "pid": p.pid,
         "executable": p.executable,
+        "host": p.host,
+        "context": p.context,
+        "start_time_us": p.start_us,
         "sample_rate": p.sample_rate,
     }) {
         Value::Object(m) => m,
