@@ -22,248 +22,19 @@
 //! domain of its own), each in turns with the plain merge, to show what those cost.
 //!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
-use memtrace_merge::AllocHeader;
+#[path = "common/runs.rs"]
+mod runs;
+#[path = "common/sets.rs"]
+mod sets;
 
-use memtrace_merge::{
-    AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp, TraceInfo,
-    Writer, WriterOptions,
-};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use runs::{cli, median, run_child, Run};
+use sets::{events_of, fork, make_set, scale, Shape};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Instant;
 
 const OCAML_FORK_S: f64 = 0.9;
 const OCAML_BIG_S: f64 = 33.0;
-
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// How a process's call paths look: 8 to `deepest` frames deep, one allocation in `switch`
-/// on another path than the one before.
-#[derive(Clone, Copy, PartialEq)]
-struct Shape {
-    switch: u64,
-    deepest: usize,
-}
-
-/// One synthetic process: `events` events over `span_us`, a pool of call paths sharing
-/// prefixes (as real OCaml stacks do) of the given [`Shape`], mostly short minor
-/// allocations, collects soon after, some promotions and long-lived objects.
-fn write_process(
-    path: &Path,
-    pid: u64,
-    start: u64,
-    span_us: u64,
-    events: u64,
-    seed: u64,
-    Shape { switch, deepest }: Shape,
-) {
-    let mut rng = Lcg(seed);
-    let ncodes = 3000u64;
-    let base = 0x5500_0000_0000u64 + pid * 0x10_0000;
-    let table: Vec<LocationList> = (0..ncodes)
-        .map(|i| {
-            Arc::from(vec![Location {
-                filename: Arc::from(format!("src/module_{}.ml", i % 97).as_bytes()),
-                line: (i * 7 % 4000) as u32 + 1,
-                start_char: (i % 60) as u32,
-                end_char: (i % 60 + 20) as u32,
-                defname: Arc::from(format!("Module_{}.fn_{}", i % 97, i).as_bytes()),
-            }])
-        })
-        .collect();
-    // call paths: a tree of stacks, depth 8..=deepest
-    let paths: Vec<Vec<LocationCode>> = (0..400)
-        .map(|p| {
-            let depth = 8 + (p * 13 % (deepest - 7));
-            let mut r = Lcg(p as u64 * 31 + seed);
-            (0..depth)
-                .map(|d| LocationCode(base + if d < 6 { d as u64 } else { r.below(ncodes) }))
-                .collect()
-        })
-        .collect();
-    let info = TraceInfo {
-        sample_rate: 1e-4,
-        word_size: 64,
-        executable_name: b"/usr/bin/synthetic-worker".to_vec(),
-        host_name: b"bench".to_vec(),
-        ocaml_runtime_params: b"s=262144".to_vec(),
-        pid,
-        start_time: Timestamp(start),
-        context: Some(format!("synthetic process {pid}").into_bytes()),
-        initial_domain: DomainId(0),
-        version: 2,
-    };
-    let f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut w = Writer::new(
-        f,
-        &info,
-        WriterOptions {
-            version: 2,
-            lossless: false,
-        },
-    )
-    .unwrap();
-    let resolve = |c: LocationCode| table.get((c.0 - base) as usize).cloned();
-    // objects in order of death: most die young, 1 in 200 lives 5 s (the live set stays
-    // bounded however long the run, as in a program in its steady state)
-    let mut live: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut t = start;
-    let step = (span_us / events).max(1);
-    let mut n = 0;
-    let mut path = 0usize;
-    while n < events {
-        t += rng.below(2 * step + 1);
-        while let Some(&Reverse((due, id))) = live.peek() {
-            if due > t || n >= events {
-                break;
-            }
-            live.pop();
-            w.put_collect(Timestamp(t), DomainId(0), ObjId(id)).unwrap();
-            n += 1;
-        }
-        if rng.below(switch) == 0 {
-            path = rng.below(paths.len() as u64) as usize;
-        }
-        let len = if rng.below(50) == 0 {
-            200 + rng.below(5000)
-        } else {
-            1 + rng.below(16)
-        };
-        let src = if len > 256 {
-            AllocSource::Major
-        } else {
-            AllocSource::Minor
-        };
-        let id = w
-            .put_alloc(
-                &AllocHeader {
-                    time: Timestamp(t),
-                    domain: DomainId(0),
-                    length: len,
-                    nsamples: 1 + (len > 1000) as u64,
-                    source: src,
-                },
-                &paths[path],
-                resolve,
-            )
-            .unwrap();
-        n += 1;
-        if rng.below(20) == 0 && n < events {
-            w.put_promote(Timestamp(t), DomainId(0), id).unwrap();
-            n += 1;
-        }
-        let due = if rng.below(200) == 0 {
-            t + 5_000_000
-        } else {
-            t + 1 + rng.below(2000)
-        };
-        live.push(Reverse((due, id.0)));
-    }
-    w.finish().unwrap();
-}
-
-fn make_set(dir: &Path, scale: f64, length: u64, shape: Shape) -> (Vec<PathBuf>, u64) {
-    std::fs::create_dir_all(dir).unwrap();
-    let events = (2_750_000.0 * scale) as u64 * length;
-    let span = (60_000_000.0 * scale) as u64 * length;
-    let mut paths = Vec::new();
-    let mut bytes = 0;
-    for k in 0..4u64 {
-        let p = dir.join(format!("proc-{k}.ctf"));
-        if !p.exists() {
-            write_process(
-                &p,
-                1000 + k,
-                1_796_000_000_000_000 + k * 1_500_000,
-                span,
-                events,
-                17 + k,
-                shape,
-            );
-        }
-        bytes += std::fs::metadata(&p).unwrap().len();
-        paths.push(p);
-    }
-    (paths, bytes)
-}
-
-fn cli() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir.join("memtrace-merge");
-    if !bin.exists() {
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "--release", "--bin", "memtrace-merge"])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-    bin
-}
-
-/// One run of a program: its wall time, the CPU time of all its threads (user and system),
-/// and its peak RSS in KiB if known.
-#[derive(Clone, Copy)]
-struct Run {
-    secs: f64,
-    cpu: f64,
-    rss: Option<u64>,
-}
-
-/// Run `cmd` as a child and wait for it with `wait4` (its stderr said when it fails). The CPU
-/// time and peak RSS come from the kernel's accounting of that child, so nothing (no
-/// `/usr/bin/time`) runs between the clock and the program timed.
-// (the child is reaped by `wait4`, which clippy does not see)
-#[allow(clippy::zombie_processes)]
-fn run_child(cmd: &mut Command) -> Run {
-    use std::io::Read;
-    let start = Instant::now();
-    let mut child = cmd
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = String::new();
-    // (small: the child cannot block on a full pipe before it ends)
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let mut status = 0;
-    // SAFETY: `rusage` is plain data that `wait4` fills; `status` is a valid int.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = child.id() as libc::pid_t;
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    let secs = start.elapsed().as_secs_f64();
-    assert!(r == pid, "wait4 failed");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{:?} failed: {err}",
-        cmd.get_program()
-    );
-    // (`child` is not waited for again: dropping it does not wait)
-    let rss = u64::try_from(ru.ru_maxrss).ok().filter(|&k| k > 0);
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
-    Run { secs, cpu, rss }
-}
 
 /// Run one merge through the CLI into a fresh `out`.
 fn run_merge(inputs: &[PathBuf], out: &Path) -> Run {
@@ -468,25 +239,6 @@ fn by_placement(runs: &[(f64, f64)]) -> [(usize, f64, f64); 2] {
     [part(false), part(true)]
 }
 
-/// The median of `v` (the upper one of an even count, as [`Samples::timed`] takes it; NaN
-/// when empty), sorting it.
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn events_of(paths: &[PathBuf]) -> u64 {
-    let mut n = 0;
-    for p in paths {
-        let mut r = memtrace_merge::Reader::open(p).unwrap();
-        r.set_parse_backtraces(false);
-        while r.next_event().unwrap().is_some() {
-            n += 1;
-        }
-    }
-    n
-}
-
 /// The set merged with more options (`--tag-processes`, `--format 3`) and without, in
 /// turns: the median with them, without, and their paired ratio.
 fn options_in_turns(set: &[PathBuf], out: &Path, opts: &[&str]) {
@@ -512,18 +264,12 @@ fn options_in_turns(set: &[PathBuf], out: &Path, opts: &[&str]) {
 }
 
 fn main() {
-    let scale: f64 = std::env::var("MERGE_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
+    let scale = scale();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("merged.ctf");
 
-    let fork: Vec<PathBuf> = ["parent", "child-1", "child-2", "child-3", "child-4"]
-        .iter()
-        .map(|n| root.join(format!("tests/data/fork/{n}.ctf")))
-        .collect();
+    let fork = fork(root);
     let bytes: u64 = fork
         .iter()
         .map(|p| std::fs::metadata(p).unwrap().len())
