@@ -8,7 +8,9 @@ use crate::format::location::{LocationList, LocationTable};
 use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
 use std::fs::File;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// What the pass needs of an event: promotes change no liveness and are not kept.
@@ -171,54 +173,101 @@ struct Queue {
     ended: bool,
 }
 
-/// The streams' events, decoded ahead on another thread.
+/// The streams' events, decoded ahead on other threads: each input's streams on one of
+/// them, which interns their backtraces in a tree of its own.
 pub(crate) struct Feed {
-    requests: Option<Sender<(u32, Vec<Ev>)>>,
+    /// The decoding thread of each input.
+    thread_of: Vec<usize>,
+    /// One a decoding thread.
+    requests: Vec<Sender<(u32, Vec<Ev>)>>,
     batches: Receiver<Batch>,
-    worker: Option<JoinHandle<Tree>>,
+    workers: Vec<JoinHandle<Tree>>,
+    cell_ids: Arc<AtomicU32>,
     queues: Vec<Queue>,
     /// Damage met so far: (process, warning).
     pub(crate) warnings: Vec<(u32, String)>,
 }
 
+/// A decoding thread: stream requests in, batches out; its tree at the end.
+fn decoder(
+    mut tree: Tree,
+    mut streams: Vec<Option<Decoding>>,
+    requests: Receiver<(u32, Vec<Ev>)>,
+    out: Sender<Batch>,
+    batch: usize,
+) -> Tree {
+    // (ends when the pass drops its sender: done, failed or cancelled)
+    while let Ok((i, mut buf)) = requests.recv() {
+        buf.clear();
+        let Some(s) = streams[i as usize].as_mut() else {
+            continue;
+        };
+        let mut b = decode(s, &mut tree, &mut buf, batch);
+        b.stream = i;
+        if out.send(b).is_err() {
+            break;
+        }
+    }
+    tree
+}
+
 impl Feed {
-    /// Start decoding `streams` with `tree` (and its location tables, one an input), up to
-    /// `batch` events a stream at a time.
-    pub(crate) fn start(tree: Tree, streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
-        let (req_tx, req_rx) = channel::<(u32, Vec<Ev>)>();
+    /// Start decoding `streams` (of inputs of sizes `sizes`), up to `batch` events a
+    /// stream at a time, on as many threads as there are processors and inputs (four at
+    /// most), each input on one of them, the largest first to the least loaded.
+    pub(crate) fn start(sizes: &[u64], streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
+        let processes = sizes.len();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let k = cores.min(processes).clamp(1, 4);
+        let mut order: Vec<usize> = (0..processes).collect();
+        order.sort_by_key(|&p| std::cmp::Reverse(sizes[p]));
+        let mut load = vec![0u64; k];
+        let mut thread_of = vec![0usize; processes];
+        for p in order {
+            let d = (0..k).min_by_key(|&d| load[d]).unwrap_or(0);
+            load[d] += sizes[p];
+            thread_of[p] = d;
+        }
+        let cell_ids = Arc::new(AtomicU32::new(0));
         let (out_tx, out_rx) = channel::<Batch>();
         let n = streams.len();
-        let processes: Vec<u32> = streams.iter().map(|s| s.process).collect();
-        let mut decoding: Vec<Decoding> = (streams.into_iter())
-            .map(|s| Decoding {
-                process: s.process,
-                domain: s.domain,
-                reader: Some(s.reader),
-                path: Path::default(),
-                last: None,
-            })
-            .collect();
-        let worker = std::thread::Builder::new()
-            .name("memtrace-analysis-decode".into())
-            .spawn(move || {
-                let mut tree = tree;
-                // (ends when the pass drops its sender: done, failed or cancelled)
-                while let Ok((i, mut buf)) = req_rx.recv() {
-                    buf.clear();
-                    let mut b = decode(&mut decoding[i as usize], &mut tree, &mut buf, batch);
-                    b.stream = i;
-                    if out_tx.send(b).is_err() {
-                        break;
-                    }
-                }
-                tree
-            })
-            .map_err(|e| Error::Internal(format!("cannot start a decoding thread: {e}")))?;
+        let process: Vec<u32> = streams.iter().map(|s| s.process).collect();
+        let mut mine: Vec<Vec<Option<Decoding>>> = (0..k).map(|_| Vec::new()).collect();
+        for s in streams {
+            let d = thread_of[s.process as usize];
+            for (e, m) in mine.iter_mut().enumerate() {
+                m.push((e == d).then(|| Decoding {
+                    process: s.process,
+                    domain: s.domain,
+                    reader: None,
+                    path: Path::default(),
+                    last: None,
+                }));
+            }
+            if let Some(Some(x)) = mine[d].last_mut() {
+                x.reader = Some(s.reader);
+            }
+        }
+        let mut requests = Vec::new();
+        let mut workers = Vec::new();
+        for streams in mine {
+            let (tx, rx) = channel::<(u32, Vec<Ev>)>();
+            let tree = Tree::numbered_by(cell_ids.clone(), processes);
+            let out = out_tx.clone();
+            let w = std::thread::Builder::new()
+                .name("memtrace-analysis-decode".into())
+                .spawn(move || decoder(tree, streams, rx, out, batch))
+                .map_err(|e| Error::Internal(format!("cannot start a decoding thread: {e}")))?;
+            requests.push(tx);
+            workers.push(w);
+        }
         let mut f = Feed {
-            requests: Some(req_tx),
+            thread_of,
+            requests,
             batches: out_rx,
-            worker: Some(worker),
-            queues: (processes.into_iter())
+            workers,
+            cell_ids,
+            queues: (process.into_iter())
                 .map(|process| Queue {
                     process,
                     ready: Vec::new(),
@@ -241,7 +290,8 @@ impl Feed {
     }
 
     fn ask(&mut self, i: usize, buf: Vec<Ev>) {
-        if let Some(tx) = &self.requests {
+        let d = self.thread_of[self.queues[i].process as usize];
+        if let Some(tx) = self.requests.get(d) {
             // (a thread that ended early is found when its batches do not come)
             let _ = tx.send((i as u32, buf));
         }
@@ -294,21 +344,27 @@ impl Feed {
         }
     }
 
-    /// The decoding thread's end, when it ended before its time.
+    /// The decoding threads' end, when one ended before its time.
     fn failed(&mut self) -> Error {
-        self.requests = None;
-        match self.worker.take().map(|w| w.join()) {
-            Some(Err(_)) => Error::Internal("the decoding thread panicked".into()),
-            _ => Error::Internal("the decoding thread ended early".into()),
-        }
+        self.requests.clear();
+        let panicked = self.workers.drain(..).any(|w| w.join().is_err());
+        Error::Internal(if panicked {
+            "a decoding thread panicked".into()
+        } else {
+            "a decoding thread ended early".into()
+        })
     }
 
     /// Stop decoding; the tree, with every backtrace met.
     pub(crate) fn finish(mut self) -> Result<Tree> {
-        self.requests = None;
-        match self.worker.take().map(|w| w.join()) {
-            Some(Ok(tree)) => Ok(tree),
-            _ => Err(Error::Internal("the decoding thread panicked".into())),
+        self.requests.clear();
+        let mut trees = Vec::new();
+        for w in self.workers.drain(..) {
+            match w.join() {
+                Ok(t) => trees.push(t),
+                Err(_) => return Err(Error::Internal("a decoding thread panicked".into())),
+            }
         }
+        Ok(Tree::combine(trees, self.cell_ids.load(Ordering::Relaxed)))
     }
 }

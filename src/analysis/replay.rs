@@ -7,7 +7,6 @@ use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
-use crate::format::location::LocationTable;
 use crate::merge::live::LiveObjects;
 use crate::reader::{scan_domains, Reader};
 use std::cmp::Reverse;
@@ -30,6 +29,8 @@ pub(crate) struct ProcessState {
     pub(crate) sample_rate: f64,
     pub(crate) word_size: u8,
     pub(crate) start_us: u64,
+    /// The trace's size in bytes (how much decoding it takes).
+    pub(crate) file_size: u64,
     /// Estimated bytes of one sample: word size / rate.
     pub(crate) bytes_per_sample: f64,
     pub(crate) live: u64,
@@ -205,7 +206,6 @@ fn open(
     names: &[PathBuf],
     sources: &[PathBuf],
     filter: &Filter,
-    tree: &mut Tree,
 ) -> Result<(Vec<ProcessState>, Vec<StreamSpec>)> {
     let mut processes = Vec::new();
     let mut streams = Vec::new();
@@ -236,10 +236,10 @@ fn open(
             sample_rate: info.sample_rate,
             word_size: info.word_size,
             start_us: info.start_time.0,
+            file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
             bytes_per_sample,
             ..ProcessState::default()
         });
-        tree.locations.push(LocationTable::default());
         let domains = if info.version >= 3 {
             scan_domains(path)?
         } else {
@@ -281,8 +281,7 @@ pub(crate) fn run(
     cancel: &Cancel,
 ) -> Result<Pass> {
     let filter = &opts.filter;
-    let mut tree = Tree::default();
-    let (processes, streams) = open(names, sources, filter, &mut tree)?;
+    let (processes, streams) = open(names, sources, filter)?;
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
             "no input left: --pid names no process of the inputs".into(),
@@ -317,7 +316,8 @@ pub(crate) fn run(
     };
     let nstreams = streams.len();
     let batch = (BATCH * 256 / nstreams.max(1)).clamp(64, BATCH);
-    let mut feed = Feed::start(tree, streams, batch)?;
+    let sizes: Vec<u64> = r.pass.processes.iter().map(|p| p.file_size).collect();
+    let mut feed = Feed::start(&sizes, streams, batch)?;
     let process: Vec<u32> = (0..nstreams).map(|i| feed.process(i)).collect();
     let mut heap = BinaryHeap::new();
     for i in 0..nstreams {

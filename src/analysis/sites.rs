@@ -3,6 +3,8 @@
 
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{IntMap, Location, LocationList, LocationTable};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// A node of the tree of backtraces: `code` called from `parent` (None: the program's
 /// entry). Node ids are global over the inputs of one analysis.
@@ -32,6 +34,10 @@ pub(crate) struct Tree {
     children: IntMap<(u32, u32, u64), u32>,
     pub(crate) cells: Vec<Cell>,
     cell_ids: IntMap<(u32, u16, u8), u32>,
+    /// The id of each of `cells`.
+    cell_numbers: Vec<u32>,
+    /// Where ids come from, when several trees share them.
+    ids: Option<Arc<AtomicU32>>,
     pub(crate) locations: Vec<LocationTable>,
 }
 
@@ -106,19 +112,72 @@ impl Tree {
 
     /// The cell of an allocation at `node` in `domain` of kind `source`.
     #[inline]
+    /// Ids are numbered by `ids` when given (shared by the trees of several decoding
+    /// threads, see [`Tree::combine`]), else in this tree's order.
     pub(crate) fn cell(&mut self, node: u32, domain: u16, source: AllocSource) -> u32 {
-        let next = self.cells.len() as u32;
-        let id = *(self.cell_ids)
-            .entry((node, domain, source as u8))
-            .or_insert(next);
-        if id == next {
-            self.cells.push(Cell {
-                node,
-                domain,
-                source,
-            });
+        if let Some(&id) = self.cell_ids.get(&(node, domain, source as u8)) {
+            return id;
         }
+        let id = match &self.ids {
+            Some(ids) => ids.fetch_add(1, Ordering::Relaxed),
+            None => self.cells.len() as u32,
+        };
+        self.cell_ids.insert((node, domain, source as u8), id);
+        self.cells.push(Cell {
+            node,
+            domain,
+            source,
+        });
+        self.cell_numbers.push(id);
         id
+    }
+
+    /// A tree whose cells take their ids from `ids`, with a location table for each of
+    /// `processes` processes.
+    pub(crate) fn numbered_by(ids: Arc<AtomicU32>, processes: usize) -> Tree {
+        Tree {
+            ids: Some(ids),
+            locations: vec![LocationTable::default(); processes],
+            ..Tree::default()
+        }
+    }
+
+    /// One tree of the trees of several threads (each with the processes it read), its
+    /// cells in the order of their ids (`cells` of them).
+    pub(crate) fn combine(trees: Vec<Tree>, cells: u32) -> Tree {
+        let mut out = Tree {
+            cells: vec![
+                Cell {
+                    node: 0,
+                    domain: 0,
+                    source: AllocSource::Minor,
+                };
+                cells as usize
+            ],
+            locations: Vec::new(),
+            ..Tree::default()
+        };
+        for t in trees {
+            let off = out.nodes.len() as u32;
+            (out.nodes).extend(t.nodes.iter().map(|n| Node {
+                parent: n.parent.map(|p| p + off),
+                ..*n
+            }));
+            for (c, &id) in t.cells.iter().zip(&t.cell_numbers) {
+                out.cells[id as usize] = Cell {
+                    node: c.node + off,
+                    ..*c
+                };
+            }
+            out.locations
+                .resize(t.locations.len(), LocationTable::default());
+            for (p, table) in t.locations.into_iter().enumerate() {
+                if !table.is_empty() {
+                    out.locations[p] = table;
+                }
+            }
+        }
+        out
     }
 
     /// The locations of a node's frame (inlined calls: outermost first); empty when the
