@@ -13,16 +13,17 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// What the pass needs of an event: promotes change no liveness and are not kept.
+/// What the pass needs of an event: promotes change no liveness and are not kept, nor
+/// are allocations the filters leave out.
 #[derive(Clone, Copy)]
 pub(crate) enum Ev {
     Alloc {
         time: u64,
         id: u64,
         cell: u32,
-        length: u64,
         nsamples: u64,
-        source: AllocSource,
+        /// Estimated bytes.
+        bytes: u64,
     },
     Collect {
         time: u64,
@@ -45,6 +46,44 @@ pub(crate) struct StreamSpec {
     pub(crate) process: u32,
     pub(crate) domain: u16,
     pub(crate) reader: Reader<File>,
+    pub(crate) counting: Counting,
+}
+
+/// How an input's allocations are counted and filtered (by the decoding threads, so that
+/// the pass only replays lifetimes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Counting {
+    /// Estimated bytes of one sample.
+    pub(crate) bytes_per_sample: f64,
+    pub(crate) sample_rate: f64,
+    pub(crate) word_bytes: u64,
+    /// The window (µs since the epoch).
+    pub(crate) from: Option<u64>,
+    pub(crate) to: Option<u64>,
+    pub(crate) source: Option<AllocSource>,
+    pub(crate) min_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
+}
+
+impl Counting {
+    fn keeps(&self, source: AllocSource, size: u64) -> bool {
+        self.source.is_none_or(|s| s == source)
+            && self.min_size.is_none_or(|m| size >= m)
+            && self.max_size.is_none_or(|m| size <= m)
+    }
+}
+
+/// What a cell allocated. Bytes and objects are estimates; `seen_*` count every
+/// allocation up to the window's end, in the window or not (live objects are estimated
+/// from live bytes at their ratio).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Allocated {
+    pub(crate) allocations: u64,
+    pub(crate) samples: u64,
+    pub(crate) bytes: u64,
+    pub(crate) objects: f64,
+    pub(crate) seen_bytes: u64,
+    pub(crate) seen_objects: f64,
 }
 
 /// A stream as the decoding thread reads it.
@@ -52,9 +91,11 @@ struct Decoding {
     process: u32,
     domain: u16,
     reader: Option<Reader<File>>,
+    counting: Counting,
     path: Path,
-    /// The last allocation's (node, source, cell): most follow one of the same site.
-    last: Option<(u32, AllocSource, u32)>,
+    /// The last allocation's (node, source, cell id, its index in the tree): most follow
+    /// one of the same site.
+    last: Option<(u32, AllocSource, u32, u32)>,
 }
 
 /// Hands a stream's events to a batch, its backtraces interned in the tree.
@@ -62,6 +103,8 @@ struct Sink<'a> {
     tree: &'a mut Tree,
     table: &'a mut LocationTable,
     s: &'a mut Decoding,
+    /// By the tree's cells.
+    allocated: &'a mut Vec<Allocated>,
     out: &'a mut Vec<Ev>,
 }
 
@@ -81,22 +124,47 @@ impl EventSink for Sink<'_> {
         _slots: &[u16],
     ) {
         let s = &mut *self.s;
+        // (every backtrace is interned: the next one's common prefix is with this one)
         let node = (self.tree).intern(s.process, &mut s.path, common_prefix as usize, backtrace);
-        let cell = match s.last {
-            Some((n, src, c)) if n == node && src == source => c,
+        let c = s.counting;
+        if !c.keeps(source, length * c.word_bytes) {
+            return;
+        }
+        let (cell, local) = match s.last {
+            Some((n, src, id, local)) if n == node && src == source => (id, local),
             _ => {
-                let c = self.tree.cell(node, s.domain, source);
-                s.last = Some((node, source, c));
-                c
+                let (id, local) = self.tree.cell(node, s.domain, source);
+                s.last = Some((node, source, id, local));
+                (id, local)
             }
         };
+        let bytes = (nsamples as f64 * c.bytes_per_sample).round() as u64;
+        if c.to.is_none_or(|t| time <= t) {
+            if self.allocated.len() <= local as usize {
+                self.allocated
+                    .resize(local as usize + 1, Allocated::default());
+            }
+            let a = &mut self.allocated[local as usize];
+            let objects = if c.sample_rate > 0.0 {
+                nsamples as f64 / (c.sample_rate * (length + 1) as f64)
+            } else {
+                0.0
+            };
+            a.seen_bytes += bytes;
+            a.seen_objects += objects;
+            if c.from.is_none_or(|f| time >= f) {
+                a.allocations += 1;
+                a.samples += nsamples;
+                a.bytes += bytes;
+                a.objects += objects;
+            }
+        }
         self.out.push(Ev::Alloc {
             time,
             id,
             cell,
-            length,
             nsamples,
-            source,
+            bytes,
         });
     }
     fn promote(&mut self, _time: u64, _id: u64) {}
@@ -116,7 +184,13 @@ struct Batch {
 }
 
 /// Read up to `max` events of `s` into `out` (a damaged stream ends with a warning).
-fn decode(s: &mut Decoding, tree: &mut Tree, out: &mut Vec<Ev>, max: usize) -> Batch {
+fn decode(
+    s: &mut Decoding,
+    tree: &mut Tree,
+    allocated: &mut Vec<Allocated>,
+    out: &mut Vec<Ev>,
+    max: usize,
+) -> Batch {
     let stream_end = |events, warnings| Batch {
         stream: 0,
         events,
@@ -133,6 +207,7 @@ fn decode(s: &mut Decoding, tree: &mut Tree, out: &mut Vec<Ev>, max: usize) -> B
             tree,
             table: &mut table,
             s,
+            allocated,
             out,
         },
         max,
@@ -181,7 +256,7 @@ pub(crate) struct Feed {
     /// One a decoding thread.
     requests: Vec<Sender<(u32, Vec<Ev>)>>,
     batches: Receiver<Batch>,
-    workers: Vec<JoinHandle<Tree>>,
+    workers: Vec<JoinHandle<(Tree, Vec<Allocated>)>>,
     cell_ids: Arc<AtomicU32>,
     queues: Vec<Queue>,
     /// Damage met so far: (process, warning).
@@ -195,20 +270,21 @@ fn decoder(
     requests: Receiver<(u32, Vec<Ev>)>,
     out: Sender<Batch>,
     batch: usize,
-) -> Tree {
+) -> (Tree, Vec<Allocated>) {
+    let mut allocated = Vec::new();
     // (ends when the pass drops its sender: done, failed or cancelled)
     while let Ok((i, mut buf)) = requests.recv() {
         buf.clear();
         let Some(s) = streams[i as usize].as_mut() else {
             continue;
         };
-        let mut b = decode(s, &mut tree, &mut buf, batch);
+        let mut b = decode(s, &mut tree, &mut allocated, &mut buf, batch);
         b.stream = i;
         if out.send(b).is_err() {
             break;
         }
     }
-    tree
+    (tree, allocated)
 }
 
 impl Feed {
@@ -240,6 +316,7 @@ impl Feed {
                     process: s.process,
                     domain: s.domain,
                     reader: None,
+                    counting: s.counting,
                     path: Path::default(),
                     last: None,
                 }));
@@ -355,16 +432,24 @@ impl Feed {
         })
     }
 
-    /// Stop decoding; the tree, with every backtrace met.
-    pub(crate) fn finish(mut self) -> Result<Tree> {
+    /// Stop decoding; the tree, with every backtrace met, and what each of its cells
+    /// allocated.
+    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>)> {
         self.requests.clear();
+        let cells = self.cell_ids.load(Ordering::Relaxed) as usize;
+        let mut all = vec![Allocated::default(); cells];
         let mut trees = Vec::new();
         for w in self.workers.drain(..) {
             match w.join() {
-                Ok(t) => trees.push(t),
+                Ok((t, allocated)) => {
+                    for (local, a) in allocated.into_iter().enumerate() {
+                        all[t.cell_number(local)] = a;
+                    }
+                    trees.push(t)
+                }
                 Err(_) => return Err(Error::Internal("a decoding thread panicked".into())),
             }
         }
-        Ok(Tree::combine(trees, self.cell_ids.load(Ordering::Relaxed)))
+        Ok((Tree::combine(trees, cells as u32), all))
     }
 }

@@ -72,14 +72,6 @@ pub struct Filter {
     pub max_size: Option<u64>,
 }
 
-impl Filter {
-    fn keeps(&self, source: AllocSource, size: u64) -> bool {
-        self.source.is_none_or(|s| s == source)
-            && self.min_size.is_none_or(|m| size >= m)
-            && self.max_size.is_none_or(|m| size <= m)
-    }
-}
-
 /// Options of [`analyze`].
 #[derive(Clone, Debug, Default)]
 pub struct AnalysisOptions {
@@ -325,10 +317,10 @@ impl Analysis {
             .collect();
         for (i, n) in self.pass.cells.iter().enumerate() {
             let p = &mut out[self.process_of(i) as usize];
-            p.allocations += n.allocations;
-            p.samples += n.samples;
-            p.allocated_bytes += n.bytes;
-            p.allocated_objects += n.objects;
+            p.allocations += n.allocated.allocations;
+            p.samples += n.allocated.samples;
+            p.allocated_bytes += n.allocated.bytes;
+            p.allocated_objects += n.allocated.objects;
         }
         out
     }
@@ -431,7 +423,7 @@ impl Analysis {
         let mut rows: HashMap<Vec<Frame>, SiteRow> = HashMap::new();
         for (i, n) in self.pass.cells.iter().enumerate() {
             let owner = self.process_of(i);
-            let nothing = n.allocations == 0
+            let nothing = n.allocated.allocations == 0
                 && n.live == 0
                 && n.at_peak.bytes == 0
                 && n.at_own_peak.bytes == 0
@@ -449,9 +441,9 @@ impl Analysis {
             } else {
                 n.at_peak.bytes
             };
-            r.allocated_bytes += n.bytes;
-            r.allocated_objects += n.objects;
-            r.samples += n.samples;
+            r.allocated_bytes += n.allocated.bytes;
+            r.allocated_objects += n.allocated.objects;
+            r.samples += n.allocated.samples;
             r.peak_bytes += peak;
             r.end_bytes += n.live;
             r.value += match mode {
@@ -470,7 +462,7 @@ impl Analysis {
         let mut out = Vec::new();
         for (i, n) in self.pass.cells.iter().enumerate() {
             let live = n.live_at(mode);
-            if n.allocations == 0 && live == 0 {
+            if n.allocated.allocations == 0 && live == 0 {
                 continue;
             }
             let c = &tree.cells[i];
@@ -485,10 +477,10 @@ impl Analysis {
                 domain: c.domain,
                 source: c.source,
                 frames,
-                allocations: n.allocations,
-                samples: n.samples,
-                allocated_bytes: n.bytes,
-                allocated_objects: n.objects,
+                allocations: n.allocated.allocations,
+                samples: n.allocated.samples,
+                allocated_bytes: n.allocated.bytes,
+                allocated_objects: n.allocated.objects,
                 live_bytes: live,
                 live_objects: n.objects_in(live),
             });
@@ -516,7 +508,7 @@ impl Analysis {
             let bytes = n.live_at(mode);
             let w = match weight {
                 Weight::Bytes => bytes,
-                Weight::Samples if mode == Mode::Alloc => n.samples,
+                Weight::Samples if mode == Mode::Alloc => n.allocated.samples,
                 Weight::Samples => n.samples_in(bytes).round() as u64,
                 Weight::Objects => n.objects_in(bytes).round() as u64,
             };

@@ -2,7 +2,7 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{Ev, Feed, StreamSpec};
+use super::feed::{Allocated, Counting, Ev, Feed, StreamSpec};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -27,7 +27,6 @@ pub(crate) struct ProcessState {
     pub(crate) host: String,
     pub(crate) context: Option<String>,
     pub(crate) sample_rate: f64,
-    pub(crate) word_size: u8,
     pub(crate) start_us: u64,
     /// The trace's size in bytes (how much decoding it takes).
     pub(crate) file_size: u64,
@@ -61,20 +60,14 @@ fn unpack(v: u64) -> (u32, u64) {
 /// What one cell (backtrace, domain, source) allocated and holds. Bytes are estimates, `nsamples` exact.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct NodeStats {
-    pub(crate) allocations: u64,
-    pub(crate) samples: u64,
-    pub(crate) bytes: u64,
-    pub(crate) objects: f64,
+    /// Counted by the decoding threads.
+    pub(crate) allocated: Allocated,
     /// Live now (at the end once the pass is over).
     pub(crate) live: u64,
     /// Live at the combined peak, its process's own peak, `--at`.
     pub(crate) at_peak: AtPeak,
     pub(crate) at_own_peak: AtPeak,
     pub(crate) at_time: u64,
-    /// Bytes and objects of every allocation, in the time window or not: live objects are
-    /// estimated from live bytes at their ratio.
-    pub(crate) seen_bytes: u64,
-    pub(crate) seen_objects: f64,
 }
 
 /// A cell's live bytes at a peak, taken lazily: at a new peak only the cells changed since
@@ -102,7 +95,7 @@ impl NodeStats {
     /// Live bytes at `mode`.
     pub(crate) fn live_at(&self, mode: Mode) -> u64 {
         match mode {
-            Mode::Alloc => self.bytes,
+            Mode::Alloc => self.allocated.bytes,
             Mode::Peak => self.at_peak.bytes,
             Mode::End => self.live,
             Mode::At => self.at_time,
@@ -111,19 +104,21 @@ impl NodeStats {
 
     /// The objects `bytes` of this cell's allocations stand for (an estimate).
     pub(crate) fn objects_in(&self, bytes: u64) -> f64 {
-        if self.seen_bytes == 0 {
+        let a = &self.allocated;
+        if a.seen_bytes == 0 {
             0.0
         } else {
-            self.seen_objects * bytes as f64 / self.seen_bytes as f64
+            a.seen_objects * bytes as f64 / a.seen_bytes as f64
         }
     }
 
     /// The samples `bytes` of this cell's allocations stand for.
     pub(crate) fn samples_in(&self, bytes: u64) -> f64 {
-        if self.bytes == 0 {
+        let a = &self.allocated;
+        if a.bytes == 0 {
             0.0
         } else {
-            self.samples as f64 * bytes as f64 / self.bytes as f64
+            a.samples as f64 * bytes as f64 / a.bytes as f64
         }
     }
 }
@@ -234,7 +229,6 @@ fn open(
             host: String::from_utf8_lossy(&info.host_name).into_owned(),
             context: (info.context.as_deref()).map(|c| String::from_utf8_lossy(c).into_owned()),
             sample_rate: info.sample_rate,
-            word_size: info.word_size,
             start_us: info.start_time.0,
             file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
             bytes_per_sample,
@@ -261,6 +255,17 @@ fn open(
                 process,
                 domain: d,
                 reader: r,
+                // (the window is set once every input's start is known)
+                counting: Counting {
+                    bytes_per_sample,
+                    sample_rate: info.sample_rate,
+                    word_bytes: u64::from(info.word_size.max(8) / 8),
+                    from: None,
+                    to: None,
+                    source: filter.source,
+                    min_size: filter.min_size,
+                    max_size: filter.max_size,
+                },
             });
         }
     }
@@ -281,7 +286,7 @@ pub(crate) fn run(
     cancel: &Cancel,
 ) -> Result<Pass> {
     let filter = &opts.filter;
-    let (processes, streams) = open(names, sources, filter)?;
+    let (processes, mut streams) = open(names, sources, filter)?;
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
             "no input left: --pid names no process of the inputs".into(),
@@ -305,7 +310,6 @@ pub(crate) fn run(
                 ..Timeline::default()
             },
         },
-        filter,
         from: filter.from.map(|t| t.absolute(start)),
         to: filter.to.map(|t| t.absolute(start)),
         at: opts.at.map(|t| t.absolute(start)),
@@ -314,6 +318,9 @@ pub(crate) fn run(
         touched: Vec::new(),
         now: None,
     };
+    for s in streams.iter_mut() {
+        (s.counting.from, s.counting.to) = (r.from, r.to);
+    }
     let nstreams = streams.len();
     let batch = (BATCH * 256 / nstreams.max(1)).clamp(64, BATCH);
     let sizes: Vec<u64> = r.pass.processes.iter().map(|p| p.file_size).collect();
@@ -362,7 +369,12 @@ pub(crate) fn run(
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
-    r.pass.tree = feed.finish()?;
+    let (tree, allocated) = feed.finish()?;
+    r.pass.tree = tree;
+    r.pass.cells.resize(allocated.len(), NodeStats::default());
+    for (n, a) in r.pass.cells.iter_mut().zip(allocated) {
+        n.allocated = a;
+    }
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
@@ -374,9 +386,8 @@ pub(crate) fn run(
 }
 
 /// The pass under way: the heap now, and what changed since the last microsecond ended.
-struct Replay<'a> {
+struct Replay {
     pass: Pass,
-    filter: &'a Filter,
     from: Option<u64>,
     to: Option<u64>,
     at: Option<u64>,
@@ -389,7 +400,7 @@ struct Replay<'a> {
     now: Option<u64>,
 }
 
-impl Replay<'_> {
+impl Replay {
     /// The heap as all events of the current microsecond left it: a candidate peak and a
     /// point of the timeline; then `--at`'s figures if the next event is past it.
     fn end_of_time(&mut self) {
@@ -435,34 +446,14 @@ impl Replay<'_> {
             Ev::Alloc {
                 id,
                 cell,
-                length,
                 nsamples,
-                source,
+                bytes,
                 ..
             } => {
-                let bytes = (nsamples as f64 * st.bytes_per_sample).round() as u64;
-                let size = length * u64::from(st.word_size.max(8) / 8);
-                if !self.filter.keeps(source, size) {
-                    return;
-                }
                 if pass.cells.len() <= cell as usize {
-                    // (the tree is the decoding thread's until the end)
+                    // (the tree is the decoding threads' until the end)
                     let n = (cell as usize + 1).max(2 * pass.cells.len());
                     pass.cells.resize(n, NodeStats::default());
-                }
-                let n = &mut pass.cells[cell as usize];
-                let objects = if st.sample_rate > 0.0 {
-                    nsamples as f64 / (st.sample_rate * (length + 1) as f64)
-                } else {
-                    0.0
-                };
-                n.seen_bytes += bytes;
-                n.seen_objects += objects;
-                if self.from.is_none_or(|f| time >= f) && self.to.is_none_or(|t| time <= t) {
-                    n.allocations += 1;
-                    n.samples += nsamples;
-                    n.bytes += bytes;
-                    n.objects += objects;
                 }
                 st.objects.insert(id, pack(cell, nsamples));
                 (cell, bytes as i64)

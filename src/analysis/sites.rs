@@ -114,22 +114,29 @@ impl Tree {
     #[inline]
     /// Ids are numbered by `ids` when given (shared by the trees of several decoding
     /// threads, see [`Tree::combine`]), else in this tree's order.
-    pub(crate) fn cell(&mut self, node: u32, domain: u16, source: AllocSource) -> u32 {
-        if let Some(&id) = self.cell_ids.get(&(node, domain, source as u8)) {
-            return id;
+    /// Returns the cell's id and its index in this tree.
+    pub(crate) fn cell(&mut self, node: u32, domain: u16, source: AllocSource) -> (u32, u32) {
+        if let Some(&local) = self.cell_ids.get(&(node, domain, source as u8)) {
+            return (self.cell_numbers[local as usize], local);
         }
+        let local = self.cells.len() as u32;
         let id = match &self.ids {
             Some(ids) => ids.fetch_add(1, Ordering::Relaxed),
             None => self.cells.len() as u32,
         };
-        self.cell_ids.insert((node, domain, source as u8), id);
+        self.cell_ids.insert((node, domain, source as u8), local);
         self.cells.push(Cell {
             node,
             domain,
             source,
         });
         self.cell_numbers.push(id);
-        id
+        (id, local)
+    }
+
+    /// The id of this tree's cell `local`.
+    pub(crate) fn cell_number(&self, local: usize) -> usize {
+        self.cell_numbers[local] as usize
     }
 
     /// A tree whose cells take their ids from `ids`, with a location table for each of
