@@ -73,6 +73,13 @@ impl Counting {
     }
 }
 
+/// The bytes `nsamples` samples stand for, rounded to the nearest (as `f64::round` for all
+/// but values no trace gives, without its call: this is done for every event).
+#[inline]
+pub(crate) fn estimated_bytes(nsamples: u64, bytes_per_sample: f64) -> u64 {
+    (nsamples as f64 * bytes_per_sample + 0.5) as u64
+}
+
 /// What a cell allocated. Bytes and objects are estimates; `seen_*` count every
 /// allocation up to the window's end, in the window or not (live objects are estimated
 /// from live bytes at their ratio).
@@ -138,7 +145,7 @@ impl EventSink for Sink<'_> {
                 (id, local)
             }
         };
-        let bytes = (nsamples as f64 * c.bytes_per_sample).round() as u64;
+        let bytes = estimated_bytes(nsamples, c.bytes_per_sample);
         if c.to.is_none_or(|t| time <= t) {
             if self.allocated.len() <= local as usize {
                 self.allocated

@@ -2,7 +2,7 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{Allocated, Counting, Ev, Feed, StreamSpec};
+use super::feed::{estimated_bytes, Allocated, Counting, Ev, Feed, StreamSpec};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -461,7 +461,7 @@ impl Replay {
             Ev::Collect { id, .. } => match st.objects.remove(id) {
                 Some(v) => {
                     let (cell, nsamples) = unpack(v);
-                    let bytes = (nsamples as f64 * st.bytes_per_sample).round() as u64;
+                    let bytes = estimated_bytes(nsamples, st.bytes_per_sample);
                     (cell, -(bytes as i64))
                 }
                 None => {
