@@ -44,6 +44,15 @@ fn page_data(html: &str) -> Value {
     serde_json::from_str(&html[i..j]).unwrap()
 }
 
+/// A run of one process, killed by its parent (OCaml 5, 4 domains).
+#[test]
+fn a_killed_process_page_works_in_a_browser() {
+    let Some(exe) = chromium() else { return };
+    let page = out_dir().join("report-killed.html");
+    report(&page, &[&data("ocaml5/handover/child-killed.ctf")], &[]);
+    check_selftest(&browse(exe, &page), 1);
+}
+
 /// The damaged set: fork/ with child-2's trace cut short (`truncated.ctf`).
 fn damaged() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = ["parent", "child-1", "child-3", "child-4"]
@@ -117,21 +126,14 @@ fn the_page_is_self_contained_and_holds_the_analysis() {
     assert_eq!(callers, top.sites[0].value);
 }
 
-/// `--from/--to` are said, and cut the chart; `--sites` and `--processes` bound the rest.
+/// `--from/--to` are said, and cut the chart; `--sites`, `--processes` and `--series` bound
+/// the rest.
 #[test]
 fn the_window_and_the_bounds_are_kept() {
     let out = out_dir().join("window.html");
-    let extra = [
-        "--from",
-        "1",
-        "--to",
-        "2.5",
-        "--sites",
-        "3",
-        "--processes",
-        "2",
-    ];
-    let html = report(&out, &[&data("fork")], &extra);
+    let window = ["--from", "1", "--to", "2.5"];
+    let bounds = ["--sites", "3", "--processes", "2", "--series", "2"];
+    let html = report(&out, &[&data("fork")], &[&window[..], &bounds[..]].concat());
     assert!(html.contains("id=\"window\""));
     assert!(html.contains("Time window: <strong>from +1.000 s to +2.500 s</strong>"));
     let d = page_data(&html);
@@ -148,6 +150,19 @@ fn the_window_and_the_bounds_are_kept() {
         assert!(t["rows"].as_array().unwrap().len() <= 3);
     }
     assert!(d["sites"]["alloc"][0]["more"].as_u64().unwrap() > 0);
+    // the 2 largest processes apart, the 3 others summed
+    let all = page_data(&report(&out, &[&data("fork")], &window));
+    let (series, apart) = (&all["chart"]["series"], c["series"].as_array().unwrap());
+    assert_eq!(apart.len(), 3);
+    assert_eq!(apart[2]["label"], "3 other processes");
+    let shown: Vec<&Value> = apart[..2].iter().map(|s| &s["label"]).collect();
+    for k in 0..n as usize {
+        let others: u64 = (series.as_array().unwrap().iter())
+            .filter(|s| !shown.contains(&&s["label"]))
+            .map(|s| s["values"][k].as_u64().unwrap())
+            .sum();
+        assert_eq!(apart[2]["values"][k], others, "step {k}");
+    }
     let whole = report(&out, &[&data("fork")], &[]);
     assert!(!whole.contains("id=\"window\""));
 }
@@ -206,6 +221,8 @@ fn browse(exe: &str, page: &Path) -> Value {
 
 /// What every page's self-test must have found, for `processes` processes.
 fn check_selftest(r: &Value, processes: u64) {
+    // (the run, then each process; one process's own views would be the run's)
+    let subjects = if processes == 1 { 1 } else { processes + 1 };
     assert_eq!(r["errors"], serde_json::json!([]), "{r}");
     assert!(r.get("exception").is_none(), "{r}");
     assert_eq!(r["processes"], processes);
@@ -228,7 +245,7 @@ fn check_selftest(r: &Value, processes: u64) {
     // every table of the run and of each process has rows at allocated and at the peak
     for m in ["alloc", "peak"] {
         let counts = r["tables"][m].as_array().unwrap();
-        assert_eq!(counts.len() as u64, processes + 1);
+        assert_eq!(counts.len() as u64, subjects);
         assert!(
             counts.iter().all(|c| c.as_u64().unwrap() > 0),
             "{m}: {counts:?}"
@@ -243,9 +260,9 @@ fn check_selftest(r: &Value, processes: u64) {
     assert_eq!(r["sorted_by_samples"], true);
     // every flame graph that has bytes: drawn, zoomed by a click, searched
     let flames = r["flames"].as_array().unwrap();
-    assert_eq!(flames.len() as u64, 3 * (processes + 1));
+    assert_eq!(flames.len() as u64, 3 * subjects);
     let drawn: Vec<&Value> = flames.iter().filter(|f| f.get("empty").is_none()).collect();
-    assert!(drawn.len() as u64 >= 2 * (processes + 1), "{flames:?}");
+    assert!(drawn.len() as u64 >= 2 * subjects, "{flames:?}");
     for f in drawn {
         assert!(f["frames"].as_u64().unwrap() > 1, "{f}");
         assert_eq!(f["errors"], serde_json::json!([]), "{f}");

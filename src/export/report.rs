@@ -128,12 +128,19 @@ fn flames(
 /// Whom the per-process views are of: the run (None), then the largest processes at their
 /// peak.
 fn subjects(ps: &[ProcessSummary], n: usize) -> Vec<Option<usize>> {
-    let mut by_peak: Vec<usize> = (0..ps.len()).collect();
-    by_peak.sort_by_key(|&i| (std::cmp::Reverse(ps[i].peak_bytes), i));
+    // (one process's own views would be the run's)
     let own = if ps.len() > 1 { n } else { 0 };
     std::iter::once(None)
-        .chain(by_peak.into_iter().take(own).map(Some))
+        .chain(largest(ps, own).into_iter().map(Some))
         .collect()
+}
+
+/// The `n` largest processes at their peak, largest first.
+fn largest(ps: &[ProcessSummary], n: usize) -> Vec<usize> {
+    let mut by_peak: Vec<usize> = (0..ps.len()).collect();
+    by_peak.sort_by_key(|&i| (std::cmp::Reverse(ps[i].peak_bytes), i));
+    by_peak.truncate(n);
+    by_peak
 }
 
 fn subject_label(ps: &[ProcessSummary], s: Option<usize>) -> String {
@@ -271,13 +278,12 @@ fn chart_data(a: &Analysis, series: usize) -> Value {
     } else {
         ps.len()
     };
-    let mut order = subjects(ps, apart);
-    order.remove(0);
+    let mut order = largest(ps, apart);
     // (stacked in the order the processes started, the first at the bottom)
-    order.sort_by_key(|p| p.map(|p| (ps[p].start_us, p)));
+    order.sort_by_key(|&p| (ps[p].start_us, p));
     let at = |r: &(u64, Vec<u64>), p: usize| r.1.get(p).copied().unwrap_or(0);
     let secs = |us: u64| us.saturating_sub(t.start_us) as f64 / 1e6;
-    let mut out: Vec<Value> = (order.iter().flatten())
+    let mut out: Vec<Value> = (order.iter())
         .map(|&p| {
             let q = &ps[p];
             json!({
@@ -288,10 +294,9 @@ fn chart_data(a: &Analysis, series: usize) -> Value {
         })
         .collect();
     if apart < ps.len() {
-        let shown: Vec<usize> = order.iter().flatten().copied().collect();
         let values: Vec<u64> = (rows.iter())
             .map(|r| {
-                (r.1.iter().sum::<u64>()).saturating_sub(shown.iter().map(|&p| at(r, p)).sum())
+                (r.1.iter().sum::<u64>()).saturating_sub(order.iter().map(|&p| at(r, p)).sum())
             })
             .collect();
         out.push(json!({
