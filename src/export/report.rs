@@ -315,6 +315,11 @@ fn chart_data(a: &Analysis, series: usize) -> Value {
     })
 }
 
+/// `1 process`, `5 processes`.
+fn count(n: usize) -> String {
+    format!("{n} process{}", if n == 1 { "" } else { "es" })
+}
+
 /// `+1.234 s` after the run's start.
 fn since(a: &Analysis, t_us: u64) -> String {
     format!("+{:.3} s", t_us.saturating_sub(a.start_us()) as f64 / 1e6)
@@ -325,8 +330,7 @@ fn since(a: &Analysis, t_us: u64) -> String {
 fn page(a: &Analysis, json: &str) -> Markup {
     let t = a.total();
     let ps = a.processes();
-    let n = ps.len();
-    let title = format!("Memory of {n} process{}", if n == 1 { "" } else { "es" });
+    let title = format!("Memory of {}", count(ps.len()));
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -414,7 +418,7 @@ fn run_section(a: &Analysis, ps: &[ProcessSummary]) -> Markup {
                     } }
                     tbody {
                         tr.total {
-                            td { "all" } td colspan="4" { (ps.len()) " processes" }
+                            td { "all" } td colspan="4" { (count(ps.len())) }
                             td {} td.num { (since(a, t.start_us)) } td.num { (duration(&t)) }
                             td.num { (human_bytes(t.allocated_bytes)) }
                             td.num { (human_bytes(t.peak_bytes)) }
