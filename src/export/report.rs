@@ -164,10 +164,21 @@ fn file_name(p: &ProcessSummary) -> String {
     name.to_string_lossy().into_owned()
 }
 
-/// A process's warning without its file's name, which its row shows.
-fn own_warning<'w>(p: &ProcessSummary, w: &'w str) -> &'w str {
-    w.strip_prefix(&format!("{}: ", p.file.display()))
-        .unwrap_or(w)
+/// A process's warnings without its file's name, which its row shows; past the first
+/// three, behind a click (a damaged trace can have hundreds).
+fn warnings(p: &ProcessSummary) -> Markup {
+    let name = format!("{}: ", p.file.display());
+    let own = |w: &'_ String| -> String { w.strip_prefix(&name).unwrap_or(w).to_string() };
+    let (first, rest) = p.warnings.split_at(p.warnings.len().min(3));
+    html! {
+        @for w in first { div { (own(w)) } }
+        @if !rest.is_empty() {
+            details {
+                summary { (rest.len()) " more" }
+                @for w in rest { div { (own(w)) } }
+            }
+        }
+    }
 }
 
 /// The flame graph's `<svg>` element (its XML prologue left out: the page embeds it in an
@@ -438,7 +449,7 @@ fn run_section(a: &Analysis, ps: &[ProcessSummary]) -> Markup {
                                 td.num { (human_bytes(p.peak_bytes)) }
                                 td.num { (p.peak_time_us.map_or("-".into(), |w| since(a, w))) }
                                 td.num { (human_bytes(p.end_bytes)) }
-                                td.warnings { @for w in &p.warnings { div { (own_warning(p, w)) } } }
+                                td.warnings { (warnings(p)) }
                             }
                         }
                     }
@@ -482,5 +493,34 @@ fn sites_section() -> Markup {
             }
             div.scroll.tall { table #sites-table {} }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row shows three warnings, the rest behind a click, each without the file's name.
+    #[test]
+    fn a_row_shows_three_warnings_and_folds_the_rest() {
+        let p = ProcessSummary {
+            file: "dir/w.ctf".into(),
+            warnings: (1..=5)
+                .map(|i| format!("dir/w.ctf: byte {i}: odd"))
+                .collect(),
+            ..ProcessSummary::default()
+        };
+        let html = warnings(&p).into_string();
+        let (shown, folded) = html.split_once("<details>").unwrap();
+        assert_eq!(
+            shown,
+            "<div>byte 1: odd</div><div>byte 2: odd</div><div>byte 3: odd</div>"
+        );
+        assert!(folded.starts_with("<summary>2 more</summary><div>byte 4: odd</div>"));
+        let few = ProcessSummary {
+            warnings: vec!["elsewhere: x".into()],
+            ..p
+        };
+        assert_eq!(warnings(&few).into_string(), "<div>elsewhere: x</div>");
     }
 }
