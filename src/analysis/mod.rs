@@ -10,8 +10,10 @@
 mod feed;
 mod replay;
 mod sites;
+mod views;
 
 pub use sites::Frame;
+pub use views::Caller;
 
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};

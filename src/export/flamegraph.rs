@@ -12,6 +12,9 @@ pub struct FlameOptions {
     pub subtitle: Option<String>,
     /// What a width counts: `bytes`, `samples`, `objects`.
     pub count_name: String,
+    /// Frames narrower than this many pixels (of a 1,200-pixel-wide graph) are left out
+    /// (None: inferno's default, 0.01).
+    pub min_width: Option<f64>,
 }
 
 /// Draw `stacks` (frames caller first, `;` between them, as [`crate::analysis::Analysis::folded`]
@@ -36,6 +39,9 @@ pub fn write_svg(
     o.subtitle = opts.subtitle.clone();
     o.count_name = opts.count_name.clone();
     o.name_type = "Function:".into();
+    if let Some(w) = opts.min_width {
+        o.min_width = w;
+    }
     o.colors =
         inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     // (the same input draws the same picture: colours from names, not a random generator)
@@ -70,6 +76,7 @@ mod tests {
             title: "peak".into(),
             subtitle: None,
             count_name: "bytes".into(),
+            min_width: None,
         };
         let mut svg = Vec::new();
         write_svg(&stacks, &opts, &mut svg).unwrap();

@@ -1,8 +1,9 @@
-//! An analysis in other tools' formats: interactive SVG flame graphs (drawn by inferno) and
-//! pprof profiles (prost messages, gzipped). Each crate is used here only.
+//! An analysis in other tools' formats: interactive SVG flame graphs (drawn by inferno),
+//! pprof profiles (prost messages, gzipped), an HTML report (maud). Each crate is used here only.
 
 pub mod flamegraph;
 pub mod pprof;
+pub mod report;
 
 use crate::analysis::{Analysis, Mode};
 use pprof::{LabelValue, ProfileBuilder};

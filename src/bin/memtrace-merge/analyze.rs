@@ -276,6 +276,7 @@ pub fn flamegraph(a: FlameArgs) -> Result<(), Error> {
         title: format!("{} {}", count_name, render::mode_phrase(&an, a.mode.mode)),
         subtitle: Some(render::inputs_phrase(&an)),
         count_name: count_name.into(),
+        min_width: None,
     };
     memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| {
         if a.folded {

@@ -1,9 +1,10 @@
 //! The `memtrace-merge` command line: merge, dump, info, check and compare memtrace traces,
-//! and analyse them (top, timeline, flamegraph, export, diff). A thin layer over the
+//! and analyse them (top, timeline, flamegraph, export, diff, report). A thin layer over the
 //! library; every error is one line on stderr and a non-zero exit.
 
 mod analyze;
 mod render;
+mod report;
 
 use clap::{Parser, Subcommand};
 use memtrace_merge::tools::dump;
@@ -77,6 +78,9 @@ enum Cmd {
     /// What changed between two runs (traces or directories): per site, the change of
     /// bytes allocated and live at the peak, largest first
     Diff(analyze::DiffArgs),
+    /// One self-contained HTML page of the run: its processes, the live heap over time,
+    /// flame graphs and sites tables (opens offline in any browser)
+    Report(report::ReportArgs),
     /// Re-encode a trace in file order (byte-identical when the format is kept; several
     /// format-3 domains to format 2: in time order)
     Copy {
@@ -266,6 +270,7 @@ fn run(cli: Cli) -> Result<ExitCode, memtrace_merge::Error> {
         Cmd::Flamegraph(a) => analyze::flamegraph(a).map(|_| ExitCode::SUCCESS),
         Cmd::Export(a) => analyze::export(a).map(|_| ExitCode::SUCCESS),
         Cmd::Diff(a) => analyze::diff(a).map(|_| ExitCode::SUCCESS),
+        Cmd::Report(a) => report::report(a).map(|_| ExitCode::SUCCESS),
         Cmd::Compare {
             merged,
             sources,
