@@ -443,19 +443,23 @@ impl Feed {
     /// allocated.
     pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>)> {
         self.requests.clear();
+        let mut done = Vec::new();
+        for w in self.workers.drain(..) {
+            match w.join() {
+                Ok(d) => done.push(d),
+                Err(_) => return Err(Error::Internal("a decoding thread panicked".into())),
+            }
+        }
+        // (counted once every thread has ended: a thread may have made cells after the
+        // pass stopped, at the end of a --to window)
         let cells = self.cell_ids.load(Ordering::Relaxed) as usize;
         let mut all = vec![Allocated::default(); cells];
         let mut trees = Vec::new();
-        for w in self.workers.drain(..) {
-            match w.join() {
-                Ok((t, allocated)) => {
-                    for (local, a) in allocated.into_iter().enumerate() {
-                        all[t.cell_number(local)] = a;
-                    }
-                    trees.push(t)
-                }
-                Err(_) => return Err(Error::Internal("a decoding thread panicked".into())),
+        for (t, allocated) in done {
+            for (local, a) in allocated.into_iter().enumerate() {
+                all[t.cell_number(local)] = a;
             }
+            trees.push(t);
         }
         Ok((Tree::combine(trees, cells as u32), all))
     }
