@@ -246,6 +246,10 @@ fn decode(
     }
 }
 
+/// Batches asked for ahead of the one being replayed, a stream: enough that the decoding
+/// threads have work while the pass replays (else a core idles).
+const AHEAD: usize = 2;
+
 /// The pass's side of a stream: the batch being replayed and the next, when it came.
 struct Queue {
     process: u32,
@@ -362,8 +366,10 @@ impl Feed {
                 .collect(),
             warnings: Vec::new(),
         };
-        for i in 0..n {
-            f.ask(i, Vec::with_capacity(batch));
+        for _ in 0..AHEAD {
+            for i in 0..n {
+                f.ask(i, Vec::with_capacity(batch));
+            }
         }
         Ok(f)
     }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 /// Events decoded from a stream at a time, at most (fewer when there are many streams, so
 /// that the batches in flight, two a stream, stay within a few MiB).
-const BATCH: usize = 1024;
+const BATCH: usize = 8192;
 
 /// What the pass learns of one process (input).
 #[derive(Clone, Debug, Default)]
@@ -322,7 +322,7 @@ pub(crate) fn run(
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
     let nstreams = streams.len();
-    let batch = (BATCH * 256 / nstreams.max(1)).clamp(64, BATCH);
+    let batch = ((1 << 18) / nstreams.max(1)).clamp(64, BATCH);
     let sizes: Vec<u64> = r.pass.processes.iter().map(|p| p.file_size).collect();
     let mut feed = Feed::start(&sizes, streams, batch)?;
     let process: Vec<u32> = (0..nstreams).map(|i| feed.process(i)).collect();
