@@ -1,11 +1,12 @@
 //! Bad input, handled: a structure-aware mutation test over real traces (bit flips,
 //! truncations, duplicated/swapped/deleted packets, size, version, pid, time and id fields),
-//! each case run through `check`, `dump`, `summary` and `merge` (library, and a sample through
-//! the command line under a memory cap); damaged traces as killed workers leave them; and a
+//! each case run through `check`, `dump`, `summary`, the analysis and `merge` (library, and a
+//! sample through the command line under a memory cap); damaged traces as killed workers leave them; and a
 //! merge that fails, runs out of disk or is interrupted leaves nothing behind.
 
 #[path = "support/splitmix.rs"]
 mod splitmix;
+use memtrace_merge::analysis::{analyze, AnalysisOptions};
 use memtrace_merge::tools::check::{check_file, CheckOptions};
 use memtrace_merge::tools::compare::{compare, CompareOptions};
 use memtrace_merge::tools::{dump, summary};
@@ -435,6 +436,33 @@ fn run_case(dir: &Path, file: &Path, clean: &Path, skip_bad: bool) -> Result<u32
     if let Err(e) = summary::summarize_file(file) {
         check_error(&e, &name, len, "summary")?;
         errors += 1;
+    }
+    // the analysis of it and a clean input, as `top` takes them: figures that hold
+    // together, or an error naming the input (never a panic on a decoding thread)
+    let inputs = [file.to_path_buf(), clean.to_path_buf()];
+    match analyze(&inputs, &AnalysisOptions::default()) {
+        Ok(a) => {
+            let own = a.processes().iter().map(|p| p.peak_bytes).max();
+            if own > Some(a.total().peak_bytes) {
+                return Err(format!(
+                    "analysis: a process's peak {own:?} above the run's {}",
+                    a.total().peak_bytes
+                ));
+            }
+        }
+        Err(Error::NothingToAnalyse(_)) => {}
+        Err(e @ Error::Internal(_)) => return Err(format!("analysis: {e}")),
+        Err(e) => {
+            let msg = e.to_string();
+            let fname = file.file_name().unwrap().to_string_lossy();
+            if !msg.contains(&*fname) {
+                return Err(format!("analysis: error does not name the input: {msg}"));
+            }
+            if let Error::Malformed { .. } = e {
+                check_error(&e, &name, len, "analysis")?;
+            }
+            errors += 1;
+        }
     }
     // merge with a clean input
     let out = dir.join("merged.ctf");
