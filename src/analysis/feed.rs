@@ -374,6 +374,11 @@ impl Feed {
         Ok(f)
     }
 
+    /// How many streams there are.
+    pub(crate) fn streams(&self) -> usize {
+        self.queues.len()
+    }
+
     /// The process (input) of stream `i`.
     pub(crate) fn process(&self, i: usize) -> u32 {
         self.queues[i].process

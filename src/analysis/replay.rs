@@ -325,47 +325,7 @@ pub(crate) fn run(
     let batch = ((1 << 18) / nstreams.max(1)).clamp(64, BATCH);
     let sizes: Vec<u64> = r.pass.processes.iter().map(|p| p.file_size).collect();
     let mut feed = Feed::start(&sizes, streams, batch)?;
-    let process: Vec<u32> = (0..nstreams).map(|i| feed.process(i)).collect();
-    let mut heap = BinaryHeap::new();
-    for i in 0..nstreams {
-        if let Some(e) = feed.peek(i)? {
-            heap.push(Reverse((e.key(), i)));
-        }
-    }
-    let mut events = 0u64;
-    while let Some(Reverse((_, i))) = heap.pop() {
-        // (a stream's events are taken while they come before every other stream's next
-        // one: the heap is touched once a run, not once an event)
-        let bound = heap.peek().map(|Reverse(k)| *k);
-        while let Some(&ev) = feed.peek(i)? {
-            let key = ev.key();
-            if bound.is_some_and(|b| (key, i) > b) {
-                heap.push(Reverse((key, i)));
-                break;
-            }
-            feed.advance(i);
-            events += 1;
-            if events.is_multiple_of(65536) && cancel.is_cancelled() {
-                return Err(Error::Cancelled);
-            }
-            let time = key.0;
-            if r.to.is_some_and(|to| time > to) {
-                // (nothing after the window counts: its end is the end)
-                heap.clear();
-                break;
-            }
-            if r.now != Some(time) {
-                r.end_of_time();
-                if let Some(f) = r.from {
-                    if r.now.is_some_and(|n| n < f) && time >= f {
-                        r.enter_window(f);
-                    }
-                }
-                r.now = Some(time);
-            }
-            r.apply(process[i], time, ev);
-        }
-    }
+    r.replay(&mut feed, cancel)?;
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
@@ -401,6 +361,54 @@ struct Replay {
 }
 
 impl Replay {
+    /// Every stream's events in time order (ties: allocations first, then the streams'
+    /// order), up to the window's end.
+    fn replay(&mut self, feed: &mut Feed, cancel: &Cancel) -> Result<()> {
+        let nstreams = feed.streams();
+        let process: Vec<u32> = (0..nstreams).map(|i| feed.process(i)).collect();
+        let mut heap = BinaryHeap::new();
+        for i in 0..nstreams {
+            if let Some(e) = feed.peek(i)? {
+                heap.push(Reverse((e.key(), i)));
+            }
+        }
+        let mut events = 0u64;
+        while let Some(Reverse((_, i))) = heap.pop() {
+            // (a stream's events are taken while they come before every other stream's next
+            // one: the heap is touched once a run, not once an event)
+            let bound = heap.peek().map(|Reverse(k)| *k);
+            while let Some(&ev) = feed.peek(i)? {
+                let key = ev.key();
+                if bound.is_some_and(|b| (key, i) > b) {
+                    heap.push(Reverse((key, i)));
+                    break;
+                }
+                feed.advance(i);
+                events += 1;
+                if events.is_multiple_of(65536) && cancel.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                let time = key.0;
+                if self.to.is_some_and(|to| time > to) {
+                    // (nothing after the window counts: its end is the end)
+                    heap.clear();
+                    break;
+                }
+                if self.now != Some(time) {
+                    self.end_of_time();
+                    if let Some(f) = self.from {
+                        if self.now.is_some_and(|n| n < f) && time >= f {
+                            self.enter_window(f);
+                        }
+                    }
+                    self.now = Some(time);
+                }
+                self.apply(process[i], time, ev);
+            }
+        }
+        Ok(())
+    }
+
     /// The heap as all events of the current microsecond left it: a candidate peak and a
     /// point of the timeline; then `--at`'s figures if the next event is past it.
     fn end_of_time(&mut self) {
