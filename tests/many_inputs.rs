@@ -1,6 +1,7 @@
 //! 1,000 inputs in one merge, the process limited to 256 open files: the merge opens its
 //! inputs lazily under a budget of half the limit, so it works; its time, peak resident set
 //! and peak of open descriptors are measured (sampled from /proc while it runs) and bounded.
+//! The analysis (`top`) of the same inputs under the same limit, likewise.
 use memtrace_merge::AllocHeader;
 
 use memtrace_merge::tools::compare::{compare, CompareOptions};
@@ -108,6 +109,7 @@ fn write_input(path: &Path, k: u64, table: &HashMap<LocationCode, LocationList>)
 
 struct Measured {
     code: Option<i32>,
+    stdout: String,
     stderr: String,
     took: Duration,
     peak_rss_kib: u64,
@@ -128,16 +130,19 @@ fn run_measured(limits: &str, args: &[&std::ffi::OsStr]) -> Measured {
         .arg(bin())
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        se.read_to_end(&mut v).unwrap();
-        v
-    });
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).unwrap();
+            v
+        })
+    };
+    let t_out = read_all(Box::new(child.stdout.take().unwrap()));
+    let t_err = read_all(Box::new(child.stderr.take().unwrap()));
     let pid = child.id();
     let (mut peak_rss, mut peak_fds, mut samples) = (0u64, 0usize, 0u64);
     let status = loop {
@@ -173,6 +178,7 @@ fn run_measured(limits: &str, args: &[&std::ffi::OsStr]) -> Measured {
     };
     Measured {
         code: status.code(),
+        stdout: String::from_utf8_lossy(&t_out.join().unwrap()).into_owned(),
         stderr: String::from_utf8_lossy(&t_err.join().unwrap()).into_owned(),
         took: started.elapsed(),
         peak_rss_kib: peak_rss,
@@ -237,4 +243,25 @@ fn a_thousand_inputs_under_256_open_files() {
     println!("compared in {:?}", t1.elapsed());
     let rep = memtrace_merge::tools::check::check_file(&out, &Default::default()).unwrap();
     assert!(rep.is_valid(), "{:?}", rep.problems);
+    // the analysis takes what the merge takes: the same inputs under the same limit, its
+    // allocations those of the merge
+    let a = run_measured(
+        "ulimit -n 256",
+        &[
+            "top".as_ref(),
+            "--json".as_ref(),
+            "-n".as_ref(),
+            "1".as_ref(),
+            dir.as_os_str(),
+        ],
+    );
+    println!(
+        "top of {INPUTS} inputs under ulimit -n 256: {:?}, peak RSS {} KiB, peak open files {}",
+        a.took, a.peak_rss_kib, a.peak_fds
+    );
+    assert_eq!(a.code, Some(0), "{}", a.stderr);
+    assert!(a.peak_fds <= 128 + 16, "peak open files {}", a.peak_fds);
+    let j: serde_json::Value = serde_json::from_str(&a.stdout).unwrap();
+    assert_eq!(j["processes"].as_array().unwrap().len(), INPUTS);
+    assert_eq!(j["total"]["allocations"], INPUTS as u64 * ALLOCS_PER_INPUT);
 }

@@ -5,9 +5,9 @@ use super::sites::{define, Path, Tree};
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
+use crate::pipeline::files::LazyFile;
 use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
-use std::fs::File;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ impl Ev {
 pub(crate) struct StreamSpec {
     pub(crate) process: u32,
     pub(crate) domain: u16,
-    pub(crate) reader: Reader<File>,
+    pub(crate) reader: Reader<LazyFile>,
     pub(crate) counting: Counting,
 }
 
@@ -97,7 +97,7 @@ pub(crate) struct Allocated {
 struct Decoding {
     process: u32,
     domain: u16,
-    reader: Option<Reader<File>>,
+    reader: Option<Reader<LazyFile>>,
     counting: Counting,
     path: Path,
     /// The last allocation's (node, source, cell id, its index in the tree): most follow

@@ -8,10 +8,10 @@ use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::merge::live::LiveObjects;
+use crate::pipeline::files::{FilePool, LazyFile};
 use crate::reader::{scan_domains, Reader};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::fs::File;
 use std::path::PathBuf;
 
 /// Events decoded from a stream at a time, at most (fewer when there are many streams, so
@@ -204,8 +204,9 @@ fn open(
 ) -> Result<(Vec<ProcessState>, Vec<StreamSpec>)> {
     let mut processes = Vec::new();
     let mut streams = Vec::new();
+    let pool = FilePool::from_rlimit_share(1);
     for (name, path) in names.iter().zip(sources) {
-        let r = open_as(path, name)?;
+        let r = open_as(&pool, path, name)?;
         let info = r.info().clone();
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
             continue;
@@ -246,7 +247,7 @@ fn open(
             }
             let mut r = match first.take() {
                 Some(r) => r,
-                None => open_as(path, name)?,
+                None => open_as(&pool, path, name)?,
             };
             if info.version >= 3 {
                 r.set_domain_filter(Some(d));
@@ -273,8 +274,16 @@ fn open(
 }
 
 /// A reader of `source`, which messages name `name` (a spooled pipe by its own name).
-fn open_as(source: &std::path::Path, name: &std::path::Path) -> Result<Reader<File>> {
-    let f = File::open(source).map_err(|e| Error::input(name, "open", e))?;
+/// (Files are opened lazily under a budget of descriptors, as a merge's are, so that as
+/// many inputs as a merge takes can be analysed under a small `ulimit -n`.)
+fn open_as(
+    pool: &FilePool,
+    source: &std::path::Path,
+    name: &std::path::Path,
+) -> Result<Reader<LazyFile>> {
+    let f = pool
+        .open(source)
+        .map_err(|e| Error::input(name, "open", e))?;
     Reader::new(f, &name.display().to_string())
 }
 
