@@ -18,6 +18,7 @@ pub use views::Caller;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::AllocSource;
+use crate::format::location::{IntMap, Location};
 use crate::merge::gather_inputs;
 use replay::Pass;
 use std::collections::HashMap;
@@ -422,7 +423,12 @@ impl Analysis {
 
     /// Every site with a figure other than zero, of one process or all.
     fn site_rows(&self, mode: Mode, by: By, process: Option<u32>) -> HashMap<Vec<Frame>, SiteRow> {
-        let mut rows: HashMap<Vec<Frame>, SiteRow> = HashMap::new();
+        let mut rows: Vec<SiteRow> = Vec::new();
+        let mut by_frames: HashMap<Vec<Frame>, usize> = HashMap::new();
+        // (a site is named once: the cells of one site key, most of them, find their row by
+        // the key rather than by the frames' strings)
+        let mut row_of: IntMap<u64, usize> = IntMap::default();
+        let tree = &self.pass.tree;
         for (i, n) in self.pass.cells.iter().enumerate() {
             let owner = self.process_of(i);
             let nothing = n.allocated.allocations == 0
@@ -433,11 +439,26 @@ impl Analysis {
             if nothing || process.is_some_and(|p| p != owner) {
                 continue;
             }
-            let frames = self.site(self.pass.tree.cells[i].node, by);
-            let r = rows.entry(frames.clone()).or_insert_with(|| SiteRow {
-                frames,
-                ..SiteRow::default()
+            let node = tree.cells[i].node;
+            let key = match by {
+                // (an allocation point is one location of one table: its address)
+                By::Function | By::Location => match tree.allocation_point(node) {
+                    Some(l) => l as *const Location as u64,
+                    None => 1 << 63 | u64::from(node),
+                },
+                By::Backtrace => u64::from(node),
+            };
+            let k = *row_of.entry(key).or_insert_with(|| {
+                let frames = self.site(node, by);
+                *by_frames.entry(frames.clone()).or_insert_with(|| {
+                    rows.push(SiteRow {
+                        frames,
+                        ..SiteRow::default()
+                    });
+                    rows.len() - 1
+                })
             });
+            let r = &mut rows[k];
             let peak = if process.is_some() {
                 n.at_own_peak.bytes
             } else {
@@ -453,7 +474,7 @@ impl Analysis {
                 m => n.live_at(m),
             };
         }
-        rows
+        (rows.into_iter()).map(|r| (r.frames.clone(), r)).collect()
     }
 
     /// Every backtrace of every process, domain and kind of allocation, with what it
