@@ -63,7 +63,7 @@ pub use format::event::{
 };
 pub use format::info::TraceInfo;
 pub use format::location::{Location, LocationList, LocationTable};
-pub use fs::write_output;
+pub use fs::{check_output, write_output};
 pub use merge::{
     expand_inputs, format_report, format_warnings, merge, InputReport, MergeOptions, MergeReport,
     RateMismatch,

@@ -215,3 +215,36 @@ fn diff_adds_up() {
         assert!(changes.windows(2).all(|w| w[0] >= w[1]), "{mode}: ranked");
     }
 }
+
+/// An output that cannot be written is refused before the inputs are read, as a merge's is:
+/// here the input is a FIFO no one writes to, which a reading command would wait on.
+#[test]
+fn an_unwritable_output_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("in.ctf");
+    let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(st.success());
+    for cmd in ["flamegraph", "export", "report"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memtrace-merge"))
+            .args([cmd, "-o", "/nonexistent-dir/out"])
+            .arg(&fifo)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("{cmd}: still waiting on its input after 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(2), "{cmd}");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(err.contains("/nonexistent-dir/out"), "{cmd}: {err}");
+    }
+}

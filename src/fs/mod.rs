@@ -237,6 +237,25 @@ pub fn remove_pending_temporaries() {
     }
 }
 
+/// Whether [`write_output`] could write `output`, asked before the work that makes what it
+/// writes: a missing directory, a directory, a read-only file or one of `inputs` is an
+/// error now, not after the work.
+pub fn check_output(output: &Path, inputs: &[PathBuf]) -> Result<()> {
+    output_target(output, inputs).map(|_| ())
+}
+
+fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
+    let target = resolve_output(output, false)?;
+    if let Some(i) = inputs.iter().find(|i| target.is(i)) {
+        return Err(Error::Usage(format!(
+            "{}: the output is the input {}; refused (it would be overwritten)",
+            output.display(),
+            i.display()
+        )));
+    }
+    Ok(target)
+}
+
 /// Write a report (an SVG, a profile) to `output` as a merge writes its trace: a file is
 /// written under no name and named when `write` has succeeded, so a failure leaves nothing;
 /// `-` is stdout, a device or FIFO is written through. An output that is one of `inputs` is
@@ -246,14 +265,7 @@ pub fn write_output(
     inputs: &[PathBuf],
     write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<()> {
-    let target = resolve_output(output, false)?;
-    if let Some(i) = inputs.iter().find(|i| target.is(i)) {
-        return Err(Error::Usage(format!(
-            "{}: the output is the input {}; refused (it would be overwritten)",
-            output.display(),
-            i.display()
-        )));
-    }
+    let target = output_target(output, inputs)?;
     let name = match target {
         Target::Stdout => Path::new("<stdout>"),
         _ => output,

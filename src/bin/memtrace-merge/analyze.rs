@@ -259,6 +259,7 @@ pub struct FlameArgs {
 pub fn flamegraph(a: FlameArgs) -> Result<(), Error> {
     use memtrace_merge::analysis::Weight;
     use memtrace_merge::export::flamegraph::{write_folded, write_svg, FlameOptions};
+    memtrace_merge::check_output(&a.output, &a.inputs.inputs)?;
     let an = run_analysis(&a.inputs, a.mode.at, None)?;
     let (weight, count_name) = match a.weight {
         WeightArg::Bytes => (Weight::Bytes, "bytes"),
@@ -311,6 +312,7 @@ pub struct ExportArgs {
 }
 
 pub fn export(a: ExportArgs) -> Result<(), Error> {
+    memtrace_merge::check_output(&a.output, &a.inputs.inputs)?;
     let an = run_analysis(&a.inputs, a.mode.at, None)?;
     match a.format {
         ExportFormat::Pprof => {

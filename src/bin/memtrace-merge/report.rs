@@ -26,6 +26,7 @@ pub struct ReportArgs {
 }
 
 pub fn report(a: ReportArgs) -> Result<(), Error> {
+    memtrace_merge::check_output(&a.output, &a.inputs.inputs)?;
     let an = run_analysis(&a.inputs, None, None)?;
     let opts = ReportOptions {
         sites: a.sites,
