@@ -136,6 +136,16 @@ fn the_window_and_the_bounds_are_kept() {
     let html = report(&out, &[&data("fork")], &[&window[..], &bounds[..]].concat());
     assert!(html.contains("id=\"window\""));
     assert!(html.contains("Time window: <strong>from +1.000 s to +2.500 s</strong>"));
+    assert!(
+        !html.contains("id=\"filters\""),
+        "no other filter was given"
+    );
+    // the other filters are said too
+    let others = ["--pid", "14497", "--source", "major", "--min-size", "1000"];
+    let filtered = report(&out, &[&data("fork")], &others);
+    assert!(filtered.contains(
+        "Only <strong>pid 14497; major allocations; blocks of at least 1000 bytes</strong>"
+    ));
     let d = page_data(&html);
     let c = &d["chart"];
     let (t0, step) = (c["t0"].as_f64().unwrap(), c["step"].as_f64().unwrap());

@@ -93,6 +93,11 @@ fn value_at(n: &NodeStats, mode: Mode, own: bool) -> u64 {
 }
 
 impl Analysis {
+    /// The filters the analysis was made with.
+    pub fn filter(&self) -> &super::Filter {
+        &self.opts.filter
+    }
+
     /// The time window of the filter (`--from`, `--to`), in µs since the epoch.
     pub fn window_us(&self) -> (Option<u64>, Option<u64>) {
         let f = &self.opts.filter;

@@ -390,8 +390,46 @@ fn page(a: &Analysis, json: &str) -> Markup {
     }
 }
 
-/// What `--from`/`--to` kept, if they were given.
+/// What `--from`/`--to` kept, if they were given, and the other filters.
 fn window_note(a: &Analysis) -> Markup {
+    html! {
+        (time_window(a))
+        (other_filters(a))
+    }
+}
+
+/// The filters but the time window, in words, if any was given.
+fn other_filters(a: &Analysis) -> Markup {
+    let f = a.filter();
+    let mut kept: Vec<String> = Vec::new();
+    if !f.pids.is_empty() {
+        let pids: Vec<String> = f.pids.iter().map(u64::to_string).collect();
+        kept.push(format!("pid {}", pids.join(", ")));
+    }
+    if let Some(d) = f.domain {
+        kept.push(format!("domain {d}"));
+    }
+    if let Some(s) = f.source {
+        kept.push(format!("{s:?} allocations").to_lowercase());
+    }
+    if let Some(m) = f.min_size {
+        kept.push(format!("blocks of at least {m} bytes"));
+    }
+    if let Some(m) = f.max_size {
+        kept.push(format!("blocks of at most {m} bytes"));
+    }
+    if kept.is_empty() {
+        return html! {};
+    }
+    html! {
+        p.window #filters {
+            "Only " strong { (kept.join("; ")) } ": every view counts these allocations alone."
+        }
+    }
+}
+
+/// What `--from`/`--to` kept, if they were given.
+fn time_window(a: &Analysis) -> Markup {
     let (from, to) = a.window_us();
     let when = match (from, to) {
         (None, None) => return html! {},
