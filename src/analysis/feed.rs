@@ -319,22 +319,18 @@ impl Feed {
         let (out_tx, out_rx) = channel::<Batch>();
         let n = streams.len();
         let process: Vec<u32> = streams.iter().map(|s| s.process).collect();
-        let mut mine: Vec<Vec<Option<Decoding>>> = (0..k).map(|_| Vec::new()).collect();
-        for s in streams {
-            let d = thread_of[s.process as usize];
-            for (e, m) in mine.iter_mut().enumerate() {
-                m.push((e == d).then(|| Decoding {
-                    process: s.process,
-                    domain: s.domain,
-                    reader: None,
-                    counting: s.counting,
-                    path: Path::default(),
-                    last: None,
-                }));
-            }
-            if let Some(Some(x)) = mine[d].last_mut() {
-                x.reader = Some(s.reader);
-            }
+        // (each thread is given the streams of its inputs, at their indices)
+        let mut mine: Vec<Vec<Option<Decoding>>> =
+            (0..k).map(|_| (0..n).map(|_| None).collect()).collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            mine[thread_of[s.process as usize]][i] = Some(Decoding {
+                process: s.process,
+                domain: s.domain,
+                reader: Some(s.reader),
+                counting: s.counting,
+                path: Path::default(),
+                last: None,
+            });
         }
         let mut requests = Vec::new();
         let mut workers = Vec::new();

@@ -330,7 +330,11 @@ impl Analysis {
 
     /// The whole run, as one process.
     pub fn total(&self) -> ProcessSummary {
-        let ps = self.processes();
+        self.total_of(&self.processes())
+    }
+
+    /// The whole run, from its processes' figures.
+    fn total_of(&self, ps: &[ProcessSummary]) -> ProcessSummary {
         ProcessSummary {
             allocations: ps.iter().map(|p| p.allocations).sum(),
             samples: ps.iter().map(|p| p.samples).sum(),
@@ -363,6 +367,7 @@ impl Analysis {
     /// The sites ranked by `mode`, the run's and (with `per_process`) each process's.
     pub fn top(&self, mode: Mode, by: By, per_process: bool) -> Top {
         let all = self.rows(mode, by, None);
+        let processes = self.processes();
         let process_sites = if per_process {
             (0..self.pass.processes.len() as u32)
                 .map(|p| self.rows(mode, by, Some(p)))
@@ -373,8 +378,8 @@ impl Analysis {
         Top {
             mode,
             by,
-            total: self.total(),
-            processes: self.processes(),
+            total: self.total_of(&processes),
+            processes,
             sites: all,
             process_sites,
             start_us: self.start_us,
@@ -513,12 +518,13 @@ impl Analysis {
 
     /// The live heap over time, per process and in all.
     pub fn timeline(&self) -> Timeline {
+        let processes = self.processes();
         Timeline {
             start_us: self.start_us,
             step_us: self.pass.timeline.step_us,
             rows: self.pass.timeline.rows.clone(),
-            processes: self.processes(),
-            total: self.total(),
+            total: self.total_of(&processes),
+            processes,
         }
     }
 

@@ -340,6 +340,7 @@ pub(crate) fn run(
     }
     let (tree, allocated) = feed.finish()?;
     r.pass.tree = tree;
+    // (one figure a cell of the joined tree: `allocated` has one a cell id)
     r.pass.cells.resize(allocated.len(), NodeStats::default());
     for (n, a) in r.pass.cells.iter_mut().zip(allocated) {
         n.allocated = a;
@@ -348,10 +349,7 @@ pub(crate) fn run(
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
-    let mut pass = r.pass;
-    pass.cells
-        .resize(pass.tree.cells.len(), NodeStats::default());
-    Ok(pass)
+    Ok(r.pass)
 }
 
 /// The pass under way: the heap now, and what changed since the last microsecond ended.
