@@ -64,6 +64,18 @@ pub(crate) fn push_slots(hints: &mut Vec<u16>, slots: &[u16], from: usize, to: u
     }
 }
 
+mod tables;
+use tables::{ReaderTables, Tables};
+
+/// The decoder's room: the last backtrace, its length, its frames' entries (when kept)
+/// and the scratch room.
+type BacktraceRoom<'a> = (
+    &'a mut Vec<LocationCode>,
+    &'a mut usize,
+    &'a mut Option<Vec<u16>>,
+    &'a mut Vec<LocationCode>,
+);
+
 /// Decoder state of one stream (one per domain): cache, predictions and the last backtrace.
 #[derive(Clone)]
 pub struct CacheReader {
@@ -75,13 +87,6 @@ pub struct CacheReader {
     scratch: Vec<LocationCode>,
     /// When kept ([`CacheReader::keep_slots`]): the entry each frame of `last` came from.
     slots: Option<Vec<u16>>,
-}
-
-/// The cache's codes (EMPTY where no miss ever filled them) and predictions.
-#[derive(Clone)]
-struct ReaderTables {
-    loc: Box<[u64; CACHE_SIZE]>,
-    pred: Box<[u16; CACHE_SIZE]>,
 }
 
 impl Default for CacheReader {
@@ -135,19 +140,56 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        let t = self.tables.get_or_insert_with(|| ReaderTables {
-            loc: table_of(EMPTY),
-            pred: table_of(0),
-        });
-        if common_prefix <= self.last_len as u64 {
+        let t = self.tables.get_or_insert_with(ReaderTables::default);
+        let (last, last_len, slots, scratch) = (
+            &mut self.last,
+            &mut self.last_len,
+            &mut self.slots,
+            &mut self.scratch,
+        );
+        match t {
+            ReaderTables::Dense(d) => Self::decode_in(
+                d,
+                c,
+                nencoded,
+                common_prefix,
+                (last, last_len, slots, scratch),
+                defined,
+            ),
+            ReaderTables::Sparse(s) => {
+                let r = Self::decode_in(
+                    s,
+                    c,
+                    nencoded,
+                    common_prefix,
+                    (last, last_len, slots, scratch),
+                    defined,
+                );
+                t.settle();
+                r
+            }
+        }
+    }
+
+    /// [`CacheReader::decode`] in tables `t`, into the reader's backtrace, its length,
+    /// its entries and its scratch room.
+    #[inline(always)]
+    fn decode_in<T: Tables>(
+        t: &mut T,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        common_prefix: u64,
+        (last, last_len, slots, scratch): BacktraceRoom<'_>,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<(), Malformed> {
+        if common_prefix <= *last_len as u64 {
             let start = common_prefix as usize;
             if nencoded == 0 {
-                self.last_len = start;
+                *last_len = start;
                 return Ok(());
             }
-            let last = &mut self.last;
-            let r = match &mut self.slots {
-                None => Self::decode_into::<false>(
+            let r = match slots {
+                None => Self::decode_into::<false, T>(
                     t,
                     c,
                     nencoded,
@@ -160,20 +202,19 @@ impl CacheReader {
                 Some(s) => Self::decode_apart(t, c, nencoded, last, Some(s), start, defined),
             };
             // on error the backtrace is left as the prefix (the event is not handed out)
-            self.last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
+            *last_len = *r.as_ref().unwrap_or(&(common_prefix as usize));
             r.map(|_| ())
         } else {
             // The rare case of a common prefix longer than the previous backtrace: decode
             // into the scratch room (the cache learns; the backtrace stays as it was).
-            let scratch = &mut self.scratch;
             Self::decode_apart(t, c, nencoded, scratch, None, 0, defined).map(|_| ())
         }
     }
 
     /// [`CacheReader::decode_into`], out of line.
     #[inline(never)]
-    fn decode_apart(
-        t: &mut ReaderTables,
+    fn decode_apart<T: Tables>(
+        t: &mut T,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
@@ -182,9 +223,9 @@ impl CacheReader {
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
         match entries {
-            Some(e) => Self::decode_into::<true>(t, c, nencoded, out, e, start, defined),
+            Some(e) => Self::decode_into::<true, T>(t, c, nencoded, out, e, start, defined),
             None => {
-                Self::decode_into::<false>(t, c, nencoded, out, &mut Vec::new(), start, defined)
+                Self::decode_into::<false, T>(t, c, nencoded, out, &mut Vec::new(), start, defined)
             }
         }
     }
@@ -193,8 +234,8 @@ impl CacheReader {
     /// With `S`, `entries` (as long as `out`) gets the cache entry of each frame (without,
     /// it is left alone).
     #[inline(always)]
-    fn decode_into<const S: bool>(
-        t: &mut ReaderTables,
+    fn decode_into<const S: bool, T: Tables>(
+        t: &mut T,
         c: &mut Cursor<'_>,
         nencoded: usize,
         out: &mut Vec<LocationCode>,
@@ -206,26 +247,37 @@ impl CacheReader {
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
-            // room for the most one codeword can give (a hit and 255 predictions)
-            if out.len() < len + 256 {
-                if len > MAX_FRAMES {
-                    return Err(Malformed::BadValue {
-                        field: "backtrace length",
-                        value: len as i64,
-                    });
-                }
-                out.resize(len + 256 + len / 2, LocationCode(0));
-                if S {
-                    entries.resize(out.len(), 0);
-                }
+            if len > MAX_FRAMES {
+                return Err(Malformed::BadValue {
+                    field: "backtrace length",
+                    value: len as i64,
+                });
             }
             let cw = c.u16()?;
             let bucket = (cw >> 2) as usize & M;
             let tag = cw & 3;
-            t.pred[pred & M] = bucket as u16;
-            let slots = &mut out[len..len + 256];
+            t.set_pred(pred & M, bucket as u16);
+            // the frames it gives: a miss or a hit, and the hit's predictions
+            let n = match tag {
+                0 | 3 => 0,
+                1 => 1,
+                _ => c.u8()? as usize,
+            };
+            if out.len() < len + n + 1 {
+                // (grown by half again, exactly: a reader is kept per input, and a merge
+                // of thousands of inputs holds thousands)
+                let need = len + n + 1;
+                let room = need + need / 2;
+                out.reserve_exact(room.saturating_sub(out.len()));
+                out.resize(room, LocationCode(0));
+                if S {
+                    entries.reserve_exact(room.saturating_sub(entries.len()));
+                    entries.resize(room, 0);
+                }
+            }
+            let slots = &mut out[len..=len + n];
             let ents: &mut [u16] = if S {
-                &mut entries[len..len + 256]
+                &mut entries[len..=len + n]
             } else {
                 &mut []
             };
@@ -234,7 +286,7 @@ impl CacheReader {
                 if !defined(LocationCode(lit)) {
                     return Err(Malformed::UndefinedLocation { code: lit });
                 }
-                t.loc[bucket] = lit;
+                t.set_loc(bucket, lit);
                 slots[0] = LocationCode(lit);
                 if S {
                     ents[0] = bucket as u16;
@@ -242,13 +294,8 @@ impl CacheReader {
                 len += 1;
                 pred = bucket;
             } else {
-                let n = match tag {
-                    0 => 0,
-                    1 => 1,
-                    _ => c.u8()? as usize,
-                };
                 let mut p = bucket;
-                slots[0] = LocationCode(t.loc[p]);
+                slots[0] = LocationCode(t.loc(p));
                 if S {
                     ents[0] = p as u16;
                 }
@@ -257,10 +304,10 @@ impl CacheReader {
                 // the hit itself and, while entry 0 is empty, the predicted frames need
                 // looking at.
                 let hit_empty = slots[0].0 == EMPTY;
-                let predicted_empty = if t.loc[0] == EMPTY {
-                    Self::predicted::<S, true>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents)
+                let predicted_empty = if t.loc(0) == EMPTY {
+                    Self::predicted::<S, true, T>(t, &mut p, slots, ents)
                 } else {
-                    Self::predicted::<S, false>(&t.pred, &t.loc, &mut p, &mut slots[..=n], ents)
+                    Self::predicted::<S, false, T>(t, &mut p, slots, ents)
                 };
                 if hit_empty || predicted_empty {
                     return Err(Malformed::EmptyCacheEntry);
@@ -283,9 +330,8 @@ impl CacheReader {
     /// with `CHECK`: false without).
     /// Recursion predicts an entry from itself: the rest of the run is then that frame.
     #[inline(always)]
-    fn predicted<const S: bool, const CHECK: bool>(
-        pred: &[u16; CACHE_SIZE],
-        loc: &[u64; CACHE_SIZE],
+    fn predicted<const S: bool, const CHECK: bool, T: Tables>(
+        t: &T,
         p: &mut usize,
         slots: &mut [LocationCode],
         ents: &mut [u16],
@@ -294,17 +340,17 @@ impl CacheReader {
         let mut acc = 0u64;
         let mut q = *p;
         for j in 1..slots.len() {
-            let next = pred[q] as usize & M;
+            let next = t.pred(q) as usize & M;
             if next == q {
                 // (the frame is the one before, already checked)
-                slots[j..].fill(LocationCode(loc[q]));
+                slots[j..].fill(LocationCode(t.loc(q)));
                 if S {
                     ents[j..slots.len()].fill(q as u16);
                 }
                 break;
             }
             q = next;
-            let v = loc[q];
+            let v = t.loc(q);
             if CHECK {
                 acc |= not_a_code(v);
             }
@@ -341,7 +387,7 @@ impl CacheReader {
         let i = v.index as usize;
         // (tables not allocated yet: every entry empty, every prediction 0)
         let (loc, pred) = match &self.tables {
-            Some(t) if i < CACHE_SIZE => (t.loc[i], t.pred[i]),
+            Some(t) if i < CACHE_SIZE => t.entry(i),
             _ => (EMPTY, 0),
         };
         let loc = if loc == EMPTY { 0 } else { loc };
