@@ -5,6 +5,7 @@ use super::objects::{
 };
 use super::streams::{merged_misses, Backtrace, Stream};
 use crate::error::{Error, Result};
+use crate::format::backtrace::push_slots;
 use crate::format::event::{AllocSource, LocationCode, Timestamp};
 use crate::merge::codes::Codes;
 use crate::pipeline::decoder::{Decoder, Ev, Timed, THINNED_OUT};
@@ -251,8 +252,7 @@ fn alloc_plain(
     let fresh = &s.batch.frames[f..f + a.new as usize];
     // (the new frames' hints: their entries in the input's cache)
     bt.hints.resize(keep, 0);
-    bt.hints
-        .extend_from_slice(&s.batch.slots[f..f + a.new as usize]);
+    push_slots(&mut bt.hints, &s.batch.slots, f, f + a.new as usize);
     if s.remap.is_empty() {
         bt.frames.extend_from_slice(fresh);
     } else {

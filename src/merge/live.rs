@@ -5,7 +5,8 @@ use crate::format::location::IntMap;
 
 /// Ids within the ring's length of the newest allocation are looked up by index; most
 /// sampled objects die young, so the map holds only the long-lived ones and memory stays
-/// bounded by them. The ring starts at `MIN_RING` slots and doubles, up to `MAX_RING`,
+/// bounded by them. The ring starts at `MIN_RING` slots (fewer in a merge of many
+/// inputs, each input with its own ring: see [`LiveObjects::with_ring`]) and doubles, up to `MAX_RING`,
 /// when many of the objects it moves on from still live, as in the fork traces, where
 /// many objects live a few thousand allocations (benches/PERFORMANCE.md, "live: the ring").
 const MIN_RING: usize = 4096;
@@ -20,9 +21,23 @@ pub(crate) struct LiveObjects {
     old: IntMap<u64, u64>,
     /// The last move of the ring sent many objects to `old`: the next one doubles it.
     crowded: bool,
+    /// The ring's first size (0: `MIN_RING`).
+    first_ring: usize,
 }
 
 impl LiveObjects {
+    /// Objects whose ring starts at about `slots` (at most `MIN_RING`; a power of two).
+    pub fn with_ring(slots: usize) -> Self {
+        LiveObjects {
+            first_ring: match slots.max(1) {
+                n if n.is_power_of_two() => n,
+                n => n.next_power_of_two() / 2,
+            }
+            .clamp(64, MIN_RING),
+            ..Default::default()
+        }
+    }
+
     /// The slot of `id`, when it is in the ring's range.
     #[inline(always)]
     fn slot(&self, id: u64) -> Option<usize> {
@@ -53,7 +68,11 @@ impl LiveObjects {
     #[inline(never)]
     fn make_room(&mut self, id: u64) {
         if self.ring.is_empty() {
-            self.ring = vec![EMPTY; MIN_RING];
+            let first = match self.first_ring {
+                0 => MIN_RING,
+                n => n,
+            };
+            self.ring = vec![EMPTY; first];
         }
         let n = self.ring.len() as u64;
         if id - self.base < n {

@@ -200,7 +200,8 @@ fn input_state(
             keep_fraction: 1.0,
             ..Default::default()
         },
-        live: LiveObjects::default(),
+        // (the inputs' rings together at most 4 MiB at first)
+        live: LiveObjects::with_ring((1 << 19) / opened.len().max(1)),
         thinner: None,
         tag: None,
         warnings: Warnings::default(),

@@ -66,7 +66,7 @@ pub(crate) struct Batch {
     pub wide: Vec<u64>,
     pub frames: Vec<LocationCode>,
     /// The input's cache entry of each frame: hints for the output's encoder, whose cache
-    /// often places a code where the input's did.
+    /// often places a code where the input's did (empty when the stream gives none).
     pub slots: Vec<u16>,
     /// Codes defined by location events, each with the index of the event it precedes.
     pub locs: Vec<(u32, LocationCode, LocationList)>,
@@ -126,14 +126,21 @@ impl Batch {
     /// A batch with room for `events` events and their frames, so that filling it does
     /// not grow (copy and fault in) its vectors step by step.
     pub(crate) fn with_capacity(events: usize) -> Batch {
+        // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
+        // room for the last backtrace's new frames, pages touched only when used, so
+        // that batches seldom grow by a copy into new pages (benches/PERFORMANCE.md,
+        // "Batch::with_capacity"). The small batches of many streams, each stream holding
+        // one or two, get little room and grow as their frames need.)
+        let frames = if events >= BATCH_EVENTS / 4 {
+            (events * 16).min(BATCH_FRAMES) + 4096
+        } else {
+            events * 4
+        };
         Batch {
             evs: Vec::with_capacity(events),
             wide: Vec::new(),
-            // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
-            // room for the last backtrace's new frames, pages touched only when used, so
-            // that batches seldom grow by a copy into new pages (benches/PERFORMANCE.md, "Batch::with_capacity"))
-            frames: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
-            slots: Vec::with_capacity((events * 16).min(BATCH_FRAMES) + 4096),
+            frames: Vec::with_capacity(frames),
+            slots: Vec::with_capacity(frames),
             locs: Vec::new(),
             enc: WriteBuf::with_capacity(0),
             misses: Vec::new(),

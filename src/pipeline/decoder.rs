@@ -2,8 +2,8 @@
 //! domain of a format-3 input) is read into batches of events and the locations they define.
 
 pub(crate) use super::batch::{
-    order_key, Batch, Ev, Timed, BATCH_EVENTS, BATCH_EVENTS_AHEAD, FIRST_BATCH_EVENTS, WIDE_LENGTH,
-    WIDE_SAMPLES,
+    order_key, Batch, Ev, Timed, BATCH_EVENTS, BATCH_EVENTS_AHEAD, BATCH_FRAMES,
+    FIRST_BATCH_EVENTS, WIDE_LENGTH, WIDE_SAMPLES,
 };
 use super::fill::{fill, DecState, DecodeReport};
 pub(crate) use super::fill::{Encoder, TAG_FRAME, THINNED_OUT};
@@ -127,9 +127,39 @@ struct Shared {
     states: Vec<Mutex<Option<DecState>>>,
     /// Events a batch holds (fewer with many streams).
     batch_events: usize,
+    /// Frames past which a batch is full (fewer with many streams).
+    batch_frames: usize,
+    /// Batches carry hints (but for streams encoded ahead, which always use them).
+    hints: bool,
+    /// Readers read their packets a window at a time rather than whole.
+    windowed: bool,
+    /// Batches queued per stream ahead of the consumer: [`DEPTH`], fewer with many
+    /// streams, whose batches would otherwise hold most of the merge's memory.
+    depth: usize,
+    /// Per worker: its streams with room for a batch, the longest waiting first (so that
+    /// finding one does not look at every stream).
+    todo: Vec<Mutex<VecDeque<usize>>>,
+    /// Per stream: listed in its worker's `todo`.
+    listed: Vec<AtomicBool>,
+    /// Per worker: its streams not ended yet.
+    unfinished: Vec<AtomicUsize>,
+    /// A reader's buffer (smaller with many streams).
+    read_bytes: usize,
     hooks: Hooks,
     /// Keeps the decoding threads off the merging thread's CPU.
     placement: Arc<Placement>,
+}
+
+impl Shared {
+    /// List stream `i` in its worker's `todo`, unless it is already.
+    fn want(&self, i: usize) {
+        if !self.listed[i].swap(true, Ordering::SeqCst) {
+            self.todo[self.owner[i]]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(i);
+        }
+    }
 }
 
 /// (Tests) what the decoding threads do besides decoding.
@@ -146,8 +176,22 @@ pub(crate) struct Hooks {
     pub hold: Duration,
 }
 
-/// Batches queued per stream ahead of the consumer.
+/// Batches queued per stream ahead of the consumer (with few streams).
 const DEPTH: usize = 4;
+/// Batches queued ahead of the consumer in all, past which each stream gets fewer.
+const QUEUED: usize = 256;
+/// Frames in the batches of all streams, past which each stream's are fewer.
+const FRAMES_QUEUED: usize = 1 << 19;
+/// Streams up to which the decoders give the merging thread each frame's cache entry in
+/// its input (a hint, two bytes a frame), past which they are left out to save memory.
+const HINTED_STREAMS: usize = 256;
+/// Streams up to which each reader holds the packet it is in whole; past them, a window
+/// of it ([`READ_WINDOW`]).
+const BUFFERED_STREAMS: usize = 256;
+/// Bytes of a packet a reader holds at once past [`BUFFERED_STREAMS`] streams.
+const READ_WINDOW: usize = 4096;
+/// Bytes read ahead of the readers in all, past which each reader's buffer is smaller.
+const READ_AHEAD: usize = 8 << 20;
 
 /// A decoding thread; it hands back its streams' reports, each with its input's index.
 type Worker = std::thread::JoinHandle<Vec<(usize, DecodeReport)>>;
@@ -194,6 +238,7 @@ impl Decoder {
         } else {
             BATCH_EVENTS
         };
+        let nstreams = streams.len().max(1);
         let shared = Arc::new(Shared {
             queues: (0..streams.len())
                 .map(|_| Queue {
@@ -208,13 +253,30 @@ impl Decoder {
             free: Mutex::new(VecDeque::new()),
             bytes_read: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
-            batch_events: (131_072 / streams.len().max(1)).clamp(64, most_events),
+            batch_events: (131_072 / nstreams).clamp(16, most_events),
+            batch_frames: (FRAMES_QUEUED / nstreams).clamp(128, BATCH_FRAMES),
+            hints: nstreams <= HINTED_STREAMS,
+            windowed: nstreams > BUFFERED_STREAMS,
+            depth: (QUEUED / nstreams).clamp(1, DEPTH),
+            // (every stream wants its first batch)
+            todo: (0..n)
+                .map(|w| Mutex::new((0..streams.len()).filter(|&i| owner[i] == w).collect()))
+                .collect(),
+            listed: (0..streams.len()).map(|_| AtomicBool::new(true)).collect(),
+            unfinished: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            read_bytes: match nstreams > BUFFERED_STREAMS {
+                true => READ_WINDOW,
+                false => (READ_AHEAD / nstreams).clamp(8 << 10, 64 << 10),
+            },
             hooks,
             placement,
         });
         let mut mine: Vec<Vec<(usize, StreamSpec)>> = (0..n).map(|_| Vec::new()).collect();
         for (i, s) in streams.into_iter().enumerate() {
             mine[owner[i]].push((i, s));
+        }
+        for (w, m) in mine.iter().enumerate() {
+            shared.unfinished[w].store(m.len(), Ordering::Relaxed);
         }
         let mut d = Decoder {
             shared,
@@ -243,10 +305,11 @@ impl Decoder {
                 let left = g.ready.len();
                 q.queued.store(left, Ordering::Relaxed);
                 drop(g);
-                // The worker sleeps when every queue of its is full; wake it once this one
-                // is half empty, so that it fills several batches a time it wakes (waiting
-                // on an empty queue wakes it too, below).
-                if left == DEPTH / 2 {
+                self.shared.want(i);
+                // The worker sleeps when none of its streams has room; wake it once this
+                // one is half empty, so that it fills several batches a time it wakes
+                // (waiting on an empty queue wakes it too, below).
+                if left == self.shared.depth / 2 {
                     self.poke(w);
                 }
                 return b;
@@ -295,13 +358,15 @@ impl Decoder {
         let mut g = q.q.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = g.ready.pop_front() {
             q.queued.store(g.ready.len(), Ordering::Relaxed);
+            drop(g);
+            sh.want(i);
             return Some(b);
         }
         drop(g);
         if s.done {
             return None;
         }
-        let b = fill_next(sh, s);
+        let b = fill_next(sh, i, s);
         #[cfg(test)]
         FILLED_HERE.with(|n| {
             n.set(Filled {
@@ -323,22 +388,22 @@ impl Decoder {
         let sh = &*self.shared;
         let h = self.helped.get();
         let mut best = None;
-        if h != i && h < sh.queues.len() && sh.queues[h].queued.load(Ordering::Relaxed) < DEPTH {
+        if h != i && h < sh.queues.len() && sh.queues[h].queued.load(Ordering::Relaxed) < sh.depth {
             best = self.fillable(h).map(|st| (h, st));
         }
         if best.is_none() {
-            let mut fewest = DEPTH;
-            for (j, q) in sh.queues.iter().enumerate() {
-                let n = q.queued.load(Ordering::Relaxed);
-                if j == i || n >= fewest {
+            // the stream that has waited longest for a batch, of a decoding thread's
+            for todo in &sh.todo {
+                let mut t = todo.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(pos) = t.iter().take(8).position(|&j| j != i) else {
                     continue;
-                }
+                };
+                let j = t[pos];
                 if let Some(st) = self.fillable(j) {
-                    fewest = n;
+                    t.remove(pos);
+                    sh.listed[j].store(false, Ordering::SeqCst);
                     best = Some((j, st));
-                    if n == 0 {
-                        break;
-                    }
+                    break;
                 }
             }
         }
@@ -349,7 +414,7 @@ impl Decoder {
             return false;
         };
         self.helped.set(j);
-        let b = fill_next(sh, s);
+        let b = fill_next(sh, j, s);
         #[cfg(test)]
         FILLED_HERE.with(|n| {
             n.set(Filled {
@@ -361,6 +426,9 @@ impl Decoder {
         });
         // queued before the lock is let go: batches stay in order
         sh.queues[j].push(b);
+        if !s.done && sh.queues[j].queued.load(Ordering::Relaxed) < sh.depth {
+            sh.want(j);
+        }
         true
     }
 
@@ -471,17 +539,8 @@ thread_local! {
     pub(crate) static FILLED_HERE: std::cell::Cell<Filled> = std::cell::Cell::new(Filled::default());
 }
 
-/// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
-fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
-}
-
-/// Fill the next batch of stream `s`, whose lock the caller holds.
-fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
+/// Fill the next batch of stream `i`, whose state `s` the caller holds locked.
+fn fill_next(sh: &Shared, i: usize, s: &mut DecState) -> Batch {
     let free = sh
         .free
         .lock()
@@ -495,13 +554,13 @@ fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
         None => Batch::with_capacity(sh.batch_events),
     };
     let n = if s.first {
-        FIRST_BATCH_EVENTS
+        FIRST_BATCH_EVENTS.min(sh.batch_events)
     } else {
         sh.batch_events
     };
     s.first = false;
     s.seq += 1;
-    fill(s, &mut b, n);
+    fill(s, &mut b, n, sh.batch_frames);
     if let Some(r) = &s.reader {
         let now = r.stats().bytes;
         sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -509,6 +568,7 @@ fn fill_next(sh: &Shared, s: &mut DecState) -> Batch {
     }
     if b.last {
         s.done = true;
+        sh.unfinished[sh.owner[i]].fetch_sub(1, Ordering::SeqCst);
         if let Some(r) = s.reader.take() {
             s.rep.skipped_packets += r.stats().skipped_packets;
             s.rep.packets += r.stats().packets;
@@ -532,41 +592,47 @@ fn decode_all(
         .into_iter()
         .map(|(index, s)| {
             *sh.states[index].lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(open_stream(&pool, s));
+                Some(open_stream(sh, &pool, s));
             index
         })
         .collect();
     let wake = &sh.wakes[me];
     loop {
-        if sh.abort.load(Ordering::Relaxed) {
+        if sh.abort.load(Ordering::Relaxed) || sh.unfinished[me].load(Ordering::SeqCst) == 0 {
             break;
         }
-        let Some(pick) = pick_stream(sh, &mine) else {
-            break;
+        let next = sh.todo[me]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        let Some(i) = next else {
+            wake.wait(Duration::from_millis(50));
+            continue;
         };
-        let mut worked = false;
-        if let Some(i) = pick {
-            let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
-            // (the merging thread may have filled it meanwhile, to its end)
-            if let Some(s) = st.as_mut().filter(|s| !s.done) {
+        // (unlisted before its queue is looked at: a batch taken from it from now on
+        // lists it again)
+        sh.listed[i].store(false, Ordering::SeqCst);
+        let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
+        // (the merging thread may have filled it meanwhile, to its end)
+        if let Some(s) = st.as_mut().filter(|s| !s.done) {
+            if sh.queues[i].queued.load(Ordering::SeqCst) < sh.depth {
                 if sh.hooks.panic_at.is_some_and(|at| s.seq >= at) {
                     panic!("injected panic before batch {} (test)", s.seq);
                 }
                 if !sh.hooks.hold.is_zero() {
                     std::thread::sleep(sh.hooks.hold);
                 }
-                let b = fill_next(sh, s);
+                let b = fill_next(sh, i, s);
                 // queued before the lock is let go: batches stay in order
                 sh.queues[i].push(b);
-                worked = true;
             }
-            drop(st);
-            if !sh.hooks.pause.is_zero() {
-                std::thread::sleep(sh.hooks.pause);
+            if !s.done && sh.queues[i].queued.load(Ordering::SeqCst) < sh.depth {
+                sh.want(i);
             }
         }
-        if !worked {
-            wake.wait(Duration::from_millis(50));
+        drop(st);
+        if !sh.hooks.pause.is_zero() {
+            std::thread::sleep(sh.hooks.pause);
         }
     }
     // Each stream's report, under its input ([`Decoder::finish`] adds them up).
@@ -579,16 +645,19 @@ fn decode_all(
 }
 
 /// A stream's decoding state, its reader opened (or why it could not be) in `pool`.
-fn open_stream(pool: &FilePool, s: StreamSpec) -> DecState {
+fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
     let mut rep = DecodeReport::default();
     let reader = pool
         .open(&s.path)
         .map_err(|e| crate::error::Error::input(&s.name, "open", e))
-        .and_then(|f| Reader::new(f, &s.name.display().to_string()));
+        .and_then(|f| Reader::with_buffer(f, &s.name.display().to_string(), sh.read_bytes));
     let reader = match reader {
         Ok(mut r) => {
             r.set_domain_filter(s.domain);
-            r.set_keep_slots(true);
+            r.set_keep_slots(sh.hints || s.encoded_ahead());
+            if sh.windowed {
+                r.set_window(READ_WINDOW, s.size);
+            }
             Some(r)
         }
         Err(e) => {
@@ -609,33 +678,4 @@ fn open_stream(pool: &FilePool, s: StreamSpec) -> DecState {
         first: true,
         counted: 0,
     }
-}
-
-/// Which of `mine` to fill next: the stream with the fewest batches ready (the one the
-/// merge may be waiting for); a stream the merging thread is filling is skipped. None when
-/// all have ended; Some(None) when none can be filled now.
-fn pick_stream(sh: &Shared, mine: &[usize]) -> Option<Option<usize>> {
-    let mut pick = None;
-    let mut fewest = DEPTH;
-    let mut all_done = true;
-    for &i in mine {
-        let Some(st) = try_lock(&sh.states[i]) else {
-            all_done = false;
-            continue;
-        };
-        let Some(s) = st.as_ref() else { continue };
-        if s.done {
-            continue;
-        }
-        all_done = false;
-        let n = sh.queues[i].queued.load(Ordering::Relaxed);
-        if n < fewest {
-            fewest = n;
-            pick = Some(i);
-            if n == 0 {
-                break;
-            }
-        }
-    }
-    (!all_done).then_some(pick)
 }

@@ -1,6 +1,7 @@
 //! Input files opened lazily under a shared budget of open descriptors, so a merge of
 //! thousands of traces works under a small `ulimit -n` (least recently read is closed first).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -9,14 +10,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 struct Slot {
     file: Option<File>,
     offset: u64,
+    /// Its place in [`Pool::open_files`] while open: the pool's clock at its last read.
     last_use: u64,
 }
 
 struct Pool {
     limit: usize,
-    open: usize,
     clock: u64,
-    slots: Vec<Arc<Mutex<Slot>>>,
+    /// The open files by their last read, the least recent first: the next to close is
+    /// found at once however many files the pool holds.
+    open_files: BTreeMap<u64, Arc<Mutex<Slot>>>,
     peak_open: usize,
 }
 
@@ -34,9 +37,8 @@ impl FilePool {
     pub fn new(limit: usize) -> Self {
         FilePool(Arc::new(Mutex::new(Pool {
             limit: limit.max(1),
-            open: 0,
             clock: 0,
-            slots: Vec::new(),
+            open_files: BTreeMap::new(),
             peak_open: 0,
         })))
     }
@@ -62,7 +64,6 @@ impl FilePool {
             offset: 0,
             last_use: 0,
         }));
-        lock(&self.0).slots.push(slot.clone());
         Ok(LazyFile {
             path: path.to_path_buf(),
             slot,
@@ -89,8 +90,9 @@ impl LazyFile {
     pub fn close(&self) {
         // (the pool first, then a slot: the order `read` takes them in)
         let mut pool = lock(&self.pool.0);
-        if lock(&self.slot).file.take().is_some() {
-            pool.open -= 1;
+        let mut s = lock(&self.slot);
+        if s.file.take().is_some() {
+            pool.open_files.remove(&s.last_use);
         }
     }
 }
@@ -100,36 +102,26 @@ impl Read for LazyFile {
         let mut pool = lock(&self.pool.0);
         pool.clock += 1;
         let now = pool.clock;
-        if lock(&self.slot).file.is_none() {
-            if pool.open >= pool.limit {
-                // close the least recently read
-                let victim = pool
-                    .slots
-                    .iter()
-                    .filter(|s| !Arc::ptr_eq(s, &self.slot))
-                    .filter_map(|s| {
-                        let g = lock(s);
-                        g.file.is_some().then_some((g.last_use, s))
-                    })
-                    .min_by_key(|(t, _)| *t)
-                    .map(|(_, s)| s.clone());
-                if let Some(v) = victim {
+        let mut s = lock(&self.slot);
+        if s.file.is_some() {
+            pool.open_files.remove(&s.last_use);
+        } else {
+            if pool.open_files.len() >= pool.limit {
+                // close the least recently read (never this one: it is not open)
+                if let Some((_, v)) = pool.open_files.pop_first() {
                     lock(&v).file = None;
-                    pool.open -= 1;
                 }
             }
             let mut f = File::open(&self.path)?;
-            let off = lock(&self.slot).offset;
-            f.seek(SeekFrom::Start(off))?;
-            lock(&self.slot).file = Some(f);
-            pool.open += 1;
-            pool.peak_open = pool.peak_open.max(pool.open);
+            f.seek(SeekFrom::Start(s.offset))?;
+            s.file = Some(f);
+            pool.peak_open = pool.peak_open.max(pool.open_files.len() + 1);
         }
-        // (the slot is locked before the pool is let go: no other reader can close this
-        // file, picking it as the least recently read, before it is read)
-        let mut s = lock(&self.slot);
-        drop(pool);
         s.last_use = now;
+        pool.open_files.insert(now, self.slot.clone());
+        // (the slot stays locked once the pool is let go: no other reader can close this
+        // file, picking it as the least recently read, before it is read)
+        drop(pool);
         let n = s.file.as_mut().expect("opened above").read(buf)?;
         s.offset += n as u64;
         Ok(n)
@@ -139,9 +131,6 @@ impl Read for LazyFile {
 impl Drop for LazyFile {
     fn drop(&mut self) {
         self.close();
-        lock(&self.pool.0)
-            .slots
-            .retain(|s| !Arc::ptr_eq(s, &self.slot));
     }
 }
 

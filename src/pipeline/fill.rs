@@ -1,7 +1,7 @@
 //! Filling a batch from a reader: each event narrowed into the batch's format and, for a
 //! stream encoded ahead, its backtrace encoded in the stream's share of the output cache.
 
-use super::batch::{Batch, Ev, Timed, BATCH_FRAMES, CUT, ENCODING_ROOM, WIDE_LENGTH, WIDE_SAMPLES};
+use super::batch::{Batch, Ev, Timed, CUT, ENCODING_ROOM, WIDE_LENGTH, WIDE_SAMPLES};
 use crate::format::backtrace::CacheWriter;
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::LocationList;
@@ -184,6 +184,8 @@ impl Encoder {
 /// A batch being filled by the reader, with the stream's state.
 struct Filler<'a> {
     b: &'a mut Batch,
+    /// Frames past which the batch is full.
+    most_frames: usize,
     bt_valid: &'a mut bool,
     enc: Option<&'a mut Encoder>,
 }
@@ -266,7 +268,15 @@ impl EventSink for Filler<'_> {
             done
         } else {
             self.b.frames.extend_from_slice(&backtrace[keep..]);
-            crate::format::backtrace::push_slots(&mut self.b.slots, slots, keep, backtrace.len());
+            // (a reader that keeps no entries gives no hints: the batch has none)
+            if !slots.is_empty() {
+                crate::format::backtrace::push_slots(
+                    &mut self.b.slots,
+                    slots,
+                    keep,
+                    backtrace.len(),
+                );
+            }
             (keep, backtrace.len() - keep)
         };
         self.push_alloc(
@@ -298,13 +308,13 @@ impl EventSink for Filler<'_> {
 
     #[inline]
     fn full(&self) -> bool {
-        self.b.frames.len() >= BATCH_FRAMES || self.b.enc.len() >= 8 * BATCH_FRAMES
+        self.b.frames.len() >= self.most_frames || self.b.enc.len() >= 8 * self.most_frames
     }
 }
 
-/// Decode up to `n` events of a stream into `b` (encoding its backtraces with the stream's
-/// encoder, if it is in a share).
-pub(crate) fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
+/// Decode up to `n` events of a stream into `b`, fewer once it holds `most_frames` frames
+/// (encoding its backtraces with the stream's encoder, if it is in a share).
+pub(crate) fn fill(s: &mut DecState, b: &mut Batch, n: usize, most_frames: usize) {
     b.encoded = s.enc.is_some();
     let Some(r) = s.reader.as_mut() else {
         b.last = true;
@@ -312,6 +322,7 @@ pub(crate) fn fill(s: &mut DecState, b: &mut Batch, n: usize) {
     };
     let mut sink = Filler {
         b,
+        most_frames,
         bt_valid: &mut s.bt_valid,
         enc: s.enc.as_deref_mut(),
     };

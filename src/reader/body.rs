@@ -88,7 +88,7 @@ fn location_event(
 /// An allocation's fields before its backtrace: length, samples, source, common prefix and
 /// the count of codewords (a short allocation has its length in its code, one sample).
 #[inline(always)]
-fn alloc_fields(
+pub(super) fn alloc_fields(
     c: &mut Cursor<'_>,
     code: EventCode,
 ) -> Result<(u64, u64, AllocSource, u64, usize), Malformed> {

@@ -72,6 +72,13 @@ pub struct Reader<R> {
     name: String,
     info: TraceInfo,
     buf: Vec<u8>,
+    /// The buffer's first size, and the least it grows by.
+    chunk: usize,
+    /// Read packets whole in the file this many bytes at a time ([`Reader::set_window`]).
+    window: Option<usize>,
+    file_len: u64,
+    /// The current packet is read a window at a time (and not all of it is in `buf`).
+    windowed: bool,
     /// Valid bytes are buf[start..end]; buf[0] is at file offset `base`.
     start: usize,
     end: usize,
@@ -119,6 +126,13 @@ impl Reader<File> {
 impl<R: Read> Reader<R> {
     /// Read the info packet of a trace from `src`; `name` is used in messages.
     pub fn new(src: R, name: &str) -> Result<Self> {
+        Self::with_buffer(src, name, 1 << 16)
+    }
+
+    /// [`Reader::new`], reading `bytes` at a time (grown only to hold a packet): a merge
+    /// of thousands of inputs keeps a reader, and so a buffer, per input.
+    pub fn with_buffer(src: R, name: &str, bytes: usize) -> Result<Self> {
+        let bytes = bytes.clamp(256, 1 << 16);
         let mut r = Reader {
             src,
             name: name.to_string(),
@@ -134,7 +148,11 @@ impl<R: Read> Reader<R> {
                 initial_domain: DomainId(0),
                 version: 0,
             },
-            buf: vec![0; 1 << 16],
+            buf: vec![0; bytes],
+            chunk: bytes,
+            window: None,
+            file_len: 0,
+            windowed: false,
             start: 0,
             end: 0,
             base: 0,
@@ -275,6 +293,14 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// Read packets whole in the file `window` bytes at a time rather than whole, the
+    /// file being `file_len` bytes long (a packet past it is read whole, as without a
+    /// window): a merge of thousands of inputs holds a reader, and so a buffer, per input.
+    pub(crate) fn set_window(&mut self, window: usize, file_len: u64) {
+        self.window = Some(window.clamp(256, 1 << 16));
+        self.file_len = file_len;
+    }
+
     /// Read up to `max` events into `sink` (with the codes location events define, each
     /// before the first event after it), fewer if the sink says it is full: the batch form
     /// of [`Reader::next_full`], for consumers that copy what they need. Ok(false) once the
@@ -404,3 +430,6 @@ impl<R: Read> Reader<R> {
         Ok(Some((ev, &self.locations, &self.new_codes)))
     }
 }
+
+#[cfg(test)]
+mod tests;

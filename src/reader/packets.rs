@@ -14,7 +14,7 @@ impl<R: Read> Reader<R> {
     /// Make at least `n` bytes available from `start`, unless the input ends first.
     /// Returns how many are available (≤ n only at end of input). Grows the buffer only as
     /// data actually arrives, so a bogus declared size cannot make it allocate.
-    fn fill(&mut self, n: usize) -> Result<usize> {
+    pub(super) fn fill(&mut self, n: usize) -> Result<usize> {
         while self.end - self.start < n && !self.eof {
             if self.start > 0 && (self.end == self.buf.len() || self.start > self.buf.len() / 2) {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -27,7 +27,9 @@ impl<R: Read> Reader<R> {
                 self.start = 0;
             }
             if self.end == self.buf.len() {
-                let want = (self.buf.len() * 2).min(self.start + n.max(1 << 16));
+                let want = (self.buf.len() * 2)
+                    .max(self.chunk)
+                    .min(self.start + n.max(self.chunk));
                 self.buf.resize(want.max(self.buf.len() + 1), 0);
             }
             match self.src.read(&mut self.buf[self.end..]) {
@@ -168,7 +170,20 @@ impl<R: Read> Reader<R> {
             };
             self.stats.packets += 1;
             let size = h.size as usize;
-            let avail = self.fill(size)?;
+            // (windowed: a packet whole in the file is read a window at a time)
+            self.windowed = self.window.is_some_and(|w| {
+                size > w && self.base + (self.start + size) as u64 <= self.file_len
+            });
+            let avail = match self.window {
+                Some(w) if self.windowed => match self.fill(w)? {
+                    a if a < w => {
+                        self.windowed = false;
+                        self.fill(size)?
+                    }
+                    _ => size,
+                },
+                _ => self.fill(size)?,
+            };
             let hstart = self.start;
             if avail < size {
                 self.warn(
@@ -193,7 +208,7 @@ impl<R: Read> Reader<R> {
             let v3 = h.version >= 3;
             if let Some(d) = self.only_domain {
                 if h.domain != d {
-                    self.start = self.pkt_end;
+                    self.skip_packet()?;
                     self.packet_index += 1;
                     continue;
                 }
@@ -222,7 +237,7 @@ impl<R: Read> Reader<R> {
             if let Some(msg) = skip {
                 self.warn(hstart, msg);
                 self.stats.skipped_packets += 1;
-                self.start = self.pkt_end;
+                self.skip_packet()?;
                 self.packet_index += 1;
                 continue;
             }
@@ -239,6 +254,91 @@ impl<R: Read> Reader<R> {
                 ));
             }
             return Ok(true);
+        }
+    }
+
+    /// Go past the current packet, unread (windowed, what of it is not in the buffer is
+    /// read and dropped).
+    fn skip_packet(&mut self) -> Result<()> {
+        if self.pkt_end <= self.end {
+            self.start = self.pkt_end;
+            return Ok(());
+        }
+        let mut left = self.pkt_end - self.end;
+        self.base += self.end as u64;
+        (
+            self.start,
+            self.end,
+            self.pkt_start,
+            self.pkt_pos,
+            self.pkt_end,
+        ) = (0, 0, 0, 0, 0);
+        while left > 0 && !self.eof {
+            let room = left.min(self.buf.len());
+            match self.src.read(&mut self.buf[..room]) {
+                Ok(0) => self.eof = true,
+                Ok(k) => {
+                    self.base += k as u64;
+                    left -= k;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::input(&self.name, "read", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Windowed: make the next event's bytes available (at most the most its fields say
+    /// it can take; a location event, the rest of the packet), consumed bytes let go.
+    /// Nothing is parsed for good before its bytes are all there: decoding a backtrace
+    /// changes the cache as it goes.
+    #[cold]
+    #[inline(never)]
+    fn window_for_event(&mut self) -> Result<()> {
+        let left = self.pkt_end - self.pkt_pos;
+        let w = self.window.unwrap_or(0);
+        self.start = self.pkt_pos;
+        loop {
+            let have = self.end - self.pkt_pos;
+            if have >= left {
+                self.windowed = false;
+                return Ok(());
+            }
+            let need = self.event_bound(&self.buf[self.pkt_pos..self.end]);
+            if have >= need {
+                return Ok(());
+            }
+            let want = need.max(w).min(left);
+            if self.fill(want)? < want {
+                // (the packet was whole in the file when its header was read)
+                self.done = true;
+                let e = std::io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the file became shorter while it was read",
+                );
+                return Err(Error::input(&self.name, "read", e));
+            }
+        }
+    }
+
+    /// The most bytes the event starting `b` may take, as far as `b` tells (more than `b`
+    /// holds when its fields are cut; `usize::MAX` for a location event).
+    fn event_bound(&self, b: &[u8]) -> usize {
+        const FIELDS: usize = 64;
+        let mut c = Cursor::new(b);
+        let Ok(word) = c.u32() else {
+            return FIELDS;
+        };
+        match decode_header(word, self.header.time_begin, self.header.time_end) {
+            Ok((EventCode::Location, _)) => usize::MAX,
+            Ok((code @ (EventCode::Alloc | EventCode::ShortAlloc(_)), _)) => {
+                match super::body::alloc_fields(&mut c, code) {
+                    Ok((.., nencoded)) => c.pos() + nencoded * crate::format::backtrace::MAX_ENTRY,
+                    Err(_) => FIELDS,
+                }
+            }
+            // (a promote or collect: its fields; an error: the word tells it)
+            _ => FIELDS,
         }
     }
 
@@ -261,8 +361,11 @@ impl<R: Read> Reader<R> {
     /// Parse one event of the current packet. None for a location event.
     #[inline]
     fn read_event(&mut self) -> Result<Option<Pending>> {
+        if self.windowed {
+            self.window_for_event()?;
+        }
         let at = self.pkt_pos;
-        let mut c = Cursor::new(&self.buf[self.pkt_pos..self.pkt_end]);
+        let mut c = Cursor::new(&self.buf[self.pkt_pos..self.pkt_end.min(self.end)]);
         let r = read_event_body(
             &mut c,
             &self.header,

@@ -1,0 +1,175 @@
+//! A reader that holds a window of each packet reads what one that holds packets whole
+//! reads: the same events, warnings and errors, on every trace of `tests/data` and on
+//! damaged copies of them.
+
+use super::*;
+use crate::format::event::{AllocSource, LocationCode};
+use std::path::PathBuf;
+
+/// Every event as text, then how reading ended and the warnings.
+#[derive(Default)]
+struct Record(Vec<String>);
+
+impl EventSink for Record {
+    fn location(&mut self, code: LocationCode, locs: &LocationList) {
+        self.0.push(format!("loc {:x} {}", code.0, locs.len()));
+    }
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: AllocSource,
+        common_prefix: u64,
+        backtrace: &[LocationCode],
+        _slots: &[u16],
+    ) {
+        // (the backtrace by a hash of its frames: formatting each would take most of the time)
+        let bt = backtrace.iter().fold(0xcbf29ce484222325u64, |h, c| {
+            (h ^ c.0).wrapping_mul(0x100000001b3)
+        });
+        self.0.push(format!(
+            "alloc {time} {id} {length} {nsamples} {source:?} {common_prefix} {} {bt:x}",
+            backtrace.len()
+        ));
+    }
+    fn promote(&mut self, time: u64, id: u64) {
+        self.0.push(format!("promote {time} {id}"));
+    }
+    fn collect(&mut self, time: u64, id: u64) {
+        self.0.push(format!("collect {time} {id}"));
+    }
+}
+
+fn read(bytes: &[u8], window: Option<usize>, domain: Option<u16>) -> Vec<String> {
+    let mut r = match Reader::with_buffer(bytes, "t", window.unwrap_or(1 << 16)) {
+        Ok(r) => r,
+        Err(e) => return vec![format!("open: {e}")],
+    };
+    if let Some(w) = window {
+        r.set_window(w, bytes.len() as u64);
+    }
+    r.set_domain_filter(domain);
+    let mut rec = Record::default();
+    let end = loop {
+        match r.read_events(&mut rec, 7) {
+            Ok(true) => {}
+            Ok(false) => break "end".to_string(),
+            Err(e) => break format!("error: {e}"),
+        }
+    };
+    rec.0.push(end);
+    rec.0
+        .extend(r.take_warnings().iter().map(|w| w.to_string()));
+    rec.0.push(format!("{:?}", r.stats()));
+    rec.0
+}
+
+fn traces() -> Vec<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut out = Vec::new();
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "ctf") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The two records are equal; else, the first difference.
+fn same(a: &[String], b: &[String], what: &str) {
+    let cut = |s: &String| s.chars().take(300).collect::<String>();
+    if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+        panic!(
+            "{what}: entry {i} of {} and {}: {:?} against {:?}",
+            a.len(),
+            b.len(),
+            a.get(i).map(cut),
+            b.get(i).map(cut)
+        );
+    }
+}
+
+/// Packets of more than `n` bytes, by their headers' sizes.
+fn larger_packets(b: &[u8], n: usize) -> usize {
+    let (mut at, mut count) = (0, 0);
+    while let Some(h) = b.get(at + 4..at + 8) {
+        let size = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize / 8;
+        if size == 0 {
+            break;
+        }
+        count += (size > n) as usize;
+        at += size;
+    }
+    count
+}
+
+#[test]
+fn a_window_reads_what_whole_packets_read() {
+    let traces = traces();
+    assert!(traces.len() >= 10, "the traces of tests/data");
+    let mut windowed_packets = 0;
+    for p in &traces {
+        let bytes = std::fs::read(p).unwrap();
+        let whole = read(&bytes, None, None);
+        // (a window smaller than most events, on the smaller traces)
+        let windows: &[usize] = if bytes.len() < 600_000 {
+            &[256, 4096]
+        } else {
+            &[4096]
+        };
+        for &w in windows {
+            let what = format!("{} window {w}", p.display());
+            same(&read(&bytes, Some(w), None), &whole, &what);
+        }
+        // (a format-3 trace read one domain at a time skips the other domains' packets)
+        if bytes.get(28..30) == Some(&[3, 0]) {
+            for d in 0..3 {
+                let whole = read(&bytes, None, Some(d));
+                let what = format!("{} domain {d}", p.display());
+                same(&read(&bytes, Some(1000), Some(d)), &whole, &what);
+            }
+        }
+        windowed_packets += larger_packets(&bytes, 4096);
+    }
+    assert!(
+        windowed_packets > 10,
+        "packets larger than a window were read"
+    );
+}
+
+/// Damaged copies: cut short anywhere, or a byte changed (the window then meets events
+/// whose fields lie, and files shorter than their packets say).
+#[test]
+fn a_window_reads_damaged_traces_alike() {
+    let bytes = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork/child-1.ctf"),
+    )
+    .unwrap();
+    let mut x = 0x2545f4914f6cdd1du64;
+    for k in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut b = bytes.clone();
+        if k % 3 == 0 {
+            b.truncate((x as usize) % bytes.len());
+        } else {
+            let at = (x as usize >> 8) % b.len();
+            b[at] ^= (x as u8) | 1;
+        }
+        same(
+            &read(&b, Some(512), None),
+            &read(&b, None, None),
+            &format!("copy {k}"),
+        );
+    }
+}
