@@ -17,11 +17,14 @@ use std::time::{Duration, Instant};
 
 const INPUTS: usize = 1000;
 const ALLOCS_PER_INPUT: u64 = 300;
-/// Peak resident set allowed for the merge. Each input being read holds a read buffer
-/// (64 KiB) and a backtrace cache (16,384 codes: 128 KiB touched): about 200 MiB for 1,000
-/// inputs, plus the output's buffers and the location table; twice that is still a bound
-/// that catches a leak or an input read whole.
-const MAX_RSS_KIB: u64 = 512 * 1024;
+/// Peak resident set allowed for the merge. Past 256 inputs each reader holds a 4 KiB window
+/// of its packet, sparse cache tables and a batch or two of a few dozen events: about
+/// 50 MiB for these 1,000 inputs (it was 220 MiB while every input had a 64 KiB buffer and
+/// 160 KiB of cache tables). The bound catches a table or buffer per input of that size.
+const MAX_RSS_KIB: u64 = 96 * 1024;
+/// The same for the analysis, which also keeps a tree of backtraces per process (about
+/// 130 MiB here).
+const MAX_TOP_RSS_KIB: u64 = 256 * 1024;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_memtrace-merge")
@@ -261,6 +264,11 @@ fn a_thousand_inputs_under_256_open_files() {
     );
     assert_eq!(a.code, Some(0), "{}", a.stderr);
     assert!(a.peak_fds <= 128 + 16, "peak open files {}", a.peak_fds);
+    assert!(
+        a.peak_rss_kib < MAX_TOP_RSS_KIB,
+        "peak RSS {} KiB",
+        a.peak_rss_kib
+    );
     let j: serde_json::Value = serde_json::from_str(&a.stdout).unwrap();
     assert_eq!(j["processes"].as_array().unwrap().len(), INPUTS);
     assert_eq!(j["total"]["allocations"], INPUTS as u64 * ALLOCS_PER_INPUT);
