@@ -25,12 +25,15 @@
 mod runs;
 #[path = "common/sets.rs"]
 mod sets;
+#[path = "common/turns.rs"]
+mod turns;
 
-use runs::{cli, median, run_child, Run};
+use runs::{cli, run_child, Run};
 use sets::{events_of, fork, make_set, scale, Shape};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use turns::{in_turns, paired, peak_rss, summary};
 
 /// The analysis timed: a program and its words before the inputs.
 struct Analysis {
@@ -107,53 +110,6 @@ fn hotspots() -> Option<PathBuf> {
         .filter(|p| p.exists())
 }
 
-/// The runs of each program, in turns: an untimed run of each, then `rounds` rounds of one
-/// run each, round `k` starting with program `k mod n`.
-fn in_turns(rounds: usize, progs: &mut [&mut dyn FnMut() -> Run]) -> Vec<Vec<Run>> {
-    for p in progs.iter_mut() {
-        p();
-    }
-    let n = progs.len();
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); n];
-    for k in 0..rounds {
-        for j in 0..n {
-            let i = (k + j) % n;
-            runs[i].push(progs[i]());
-        }
-    }
-    runs
-}
-
-/// "median M ms (best B), CPU C ms, peak RSS R MB" of one program's runs.
-fn summary(runs: &[Run]) -> String {
-    let mut t: Vec<f64> = runs.iter().map(|r| r.secs).collect();
-    let mut c: Vec<f64> = runs.iter().map(|r| r.cpu).collect();
-    let m = median(&mut t);
-    format!(
-        "median {:.1} ms (best {:.1}), CPU {:.1} ms, peak RSS {} MB",
-        m * 1e3,
-        t[0] * 1e3,
-        median(&mut c) * 1e3,
-        mib(peak_rss(runs))
-    )
-}
-
-/// The largest peak RSS (KiB) of some runs.
-fn peak_rss(runs: &[Run]) -> Option<u64> {
-    runs.iter().filter_map(|r| r.rss).max()
-}
-
-fn mib(kib: Option<u64>) -> String {
-    kib.map(|k| format!("{:.1}", k as f64 / 1024.0))
-        .unwrap_or("?".into())
-}
-
-/// The median of the rounds' ratios `a / b`.
-fn paired(a: &[Run], b: &[Run]) -> f64 {
-    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x.secs / y.secs).collect();
-    median(&mut r)
-}
-
 /// One set timed: the analysis and the merge in turns (and `hotspots` on the merged trace,
 /// if given); returns the analysis's and the merge's peak RSS.
 fn bench_set(
@@ -178,10 +134,14 @@ fn bench_set(
         None => in_turns(rounds, &mut [&mut ours, &mut merge]),
     };
     println!("{what}, {rounds} rounds in turns:");
-    println!("  analysis ({}): {}", analysis.name(), summary(&runs[0]));
-    println!("  merge: {}", summary(&runs[1]));
+    println!(
+        "  analysis ({}): {}",
+        analysis.name(),
+        summary("ms", &runs[0])
+    );
+    println!("  merge: {}", summary("ms", &runs[1]));
     if let Some(h) = runs.get(2) {
-        println!("  hotspots on the merged trace: {}", summary(h));
+        println!("  hotspots on the merged trace: {}", summary("ms", h));
     }
     println!(
         "  analysis / merge: {:.2} (median of the rounds' ratios; target at most 1)",

@@ -1,6 +1,5 @@
 //! Programs run as children of a bench and timed: the release CLI (built if missing), each
-//! run's wall and CPU time and peak RSS from `wait4`. Shared by the merge and analysis
-//! benches (each includes this file with `#[path]`).
+//! run's wall and CPU time and peak RSS from `wait4`; shared by the benches (with `#[path]`).
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -32,9 +31,15 @@ pub struct Run {
 /// Run `cmd` as a child and wait for it with `wait4` (its stderr said when it fails). The CPU
 /// time and peak RSS come from the kernel's accounting of that child, so nothing (no
 /// `/usr/bin/time`) runs between the clock and the program timed.
+pub fn run_child(cmd: &mut Command) -> Run {
+    try_run_child(cmd).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run_child`], a failure returned (what the program was, its exit status, its stderr)
+/// rather than a panic: for runs that are checks as much as timings.
 // (the child is reaped by `wait4`, which clippy does not see)
 #[allow(clippy::zombie_processes)]
-pub fn run_child(cmd: &mut Command) -> Run {
+pub fn try_run_child(cmd: &mut Command) -> Result<Run, String> {
     use std::io::Read;
     let start = Instant::now();
     let mut child = cmd
@@ -57,16 +62,24 @@ pub fn run_child(cmd: &mut Command) -> Run {
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let secs = start.elapsed().as_secs_f64();
     assert!(r == pid, "wait4 failed");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{:?} failed: {err}",
-        cmd.get_program()
-    );
     // (`child` is not waited for again: dropping it does not wait)
     let rss = u64::try_from(ru.ru_maxrss).ok().filter(|&k| k > 0);
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let how = if libc::WIFSIGNALED(status) {
+            format!("killed by signal {}", libc::WTERMSIG(status))
+        } else {
+            format!("exit {}", libc::WEXITSTATUS(status))
+        };
+        let mb = rss.map_or("?".into(), |k| format!("{:.1}", k as f64 / 1024.0));
+        return Err(format!(
+            "{:?} failed ({how}) after {secs:.2} s, peak RSS {mb} MB: {}",
+            cmd.get_program(),
+            err.trim_end()
+        ));
+    }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     let cpu = tv(ru.ru_utime) + tv(ru.ru_stime);
-    Run { secs, cpu, rss }
+    Ok(Run { secs, cpu, rss })
 }
 
 /// The median of `v` (the upper one of an even count; NaN when empty), sorting it.

@@ -1,6 +1,5 @@
 //! The benches' synthetic sets: overlapping "processes" written with the library's writer,
-//! kept under `target/bench-data/` between runs. Shared by the merge and analysis benches
-//! (each includes this file with `#[path]`), so both time the same inputs.
+//! kept under `target/bench-data/` between runs; shared by the benches, which time the same inputs.
 use memtrace_merge::{
     AllocHeader, AllocSource, DomainId, Location, LocationCode, LocationList, ObjId, Timestamp,
     TraceInfo, Writer, WriterOptions,
@@ -48,21 +47,38 @@ pub struct Shape {
     pub deepest: usize,
 }
 
-/// One synthetic process: `events` events over `span_us`, a pool of call paths sharing
-/// prefixes (as real OCaml stacks do) of the given [`Shape`], mostly short minor
-/// allocations, collects soon after, some promotions and long-lived objects.
-fn write_process(
-    path: &Path,
-    pid: u64,
-    start: u64,
-    span_us: u64,
-    events: u64,
-    seed: u64,
-    Shape { switch, deepest }: Shape,
-) {
+/// One synthetic process: `events` events over `span_us` from `start` (µs since the epoch),
+/// its call paths of the given [`Shape`] drawn from `seed`.
+#[derive(Clone, Copy)]
+pub struct Process {
+    pub pid: u64,
+    pub start: u64,
+    pub span_us: u64,
+    pub events: u64,
+    pub seed: u64,
+    pub shape: Shape,
+    /// Location codes the same in every process so made (workers of one executable, whose
+    /// merge keeps their codes), rather than each process's own (programs of their own,
+    /// whose codes the merge renumbers apart).
+    pub one_executable: bool,
+}
+
+/// Write one synthetic process: a pool of call paths sharing prefixes (as real OCaml stacks
+/// do), mostly short minor allocations, collects soon after, some promotions and
+/// long-lived objects.
+fn write_process(path: &Path, spec: &Process) {
+    let Process {
+        pid,
+        start,
+        span_us,
+        events,
+        seed,
+        shape: Shape { switch, deepest },
+        one_executable,
+    } = *spec;
     let mut rng = Lcg(seed);
     let ncodes = 3000u64;
-    let base = 0x5500_0000_0000u64 + pid * 0x10_0000;
+    let base = 0x5500_0000_0000u64 + if one_executable { 0 } else { pid * 0x10_0000 };
     let table: Vec<LocationList> = (0..ncodes)
         .map(|i| {
             Arc::from(vec![Location {
@@ -165,28 +181,53 @@ fn write_process(
     w.finish().unwrap();
 }
 
+/// The merge bench's set: four processes of programs of their own, 2.75 M events over 60 s
+/// each (times `scale` and `length`), starting 1.5 s apart.
 pub fn make_set(dir: &Path, scale: f64, length: u64, shape: Shape) -> (Vec<PathBuf>, u64) {
-    std::fs::create_dir_all(dir).unwrap();
     let events = (2_750_000.0 * scale) as u64 * length;
-    let span = (60_000_000.0 * scale) as u64 * length;
-    let mut paths = Vec::new();
-    let mut bytes = 0;
-    for k in 0..4u64 {
-        let p = dir.join(format!("proc-{k}.ctf"));
-        if !p.exists() {
-            write_process(
-                &p,
-                1000 + k,
-                1_796_000_000_000_000 + k * 1_500_000,
-                span,
-                events,
-                17 + k,
-                shape,
-            );
+    let span_us = (60_000_000.0 * scale) as u64 * length;
+    let procs: Vec<Process> = (0..4u64)
+        .map(|k| Process {
+            pid: 1000 + k,
+            start: 1_796_000_000_000_000 + k * 1_500_000,
+            span_us,
+            events,
+            seed: 17 + k,
+            shape,
+            one_executable: false,
+        })
+        .collect();
+    make_processes(dir, "proc-", &procs)
+}
+
+/// The processes `procs` in `dir` (`{prefix}{k}.ctf`, `k` their index, written on a thread
+/// a core where missing): their paths and their bytes in all.
+pub fn make_processes(dir: &Path, prefix: &str, procs: &[Process]) -> (Vec<PathBuf>, u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let paths: Vec<PathBuf> = (0..procs.len())
+        .map(|k| dir.join(format!("{prefix}{k}.ctf")))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = paths.get(k) else { break };
+                if !p.exists() {
+                    // (written under another name and renamed once whole, so that a run
+                    // stopped while writing leaves no cut trace for the next to take)
+                    let part = p.with_extension("ctf.part");
+                    write_process(&part, &procs[k]);
+                    std::fs::rename(&part, p).unwrap();
+                }
+            });
         }
-        bytes += std::fs::metadata(&p).unwrap().len();
-        paths.push(p);
-    }
+    });
+    let bytes = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
     (paths, bytes)
 }
 
