@@ -8,6 +8,7 @@ use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::merge::live::LiveObjects;
+use crate::pipeline::decoder::{BUFFERED_STREAMS, READ_WINDOW};
 use crate::pipeline::files::{FilePool, LazyFile};
 use crate::reader::{scan_domains, Reader};
 use std::cmp::Reverse;
@@ -205,8 +206,10 @@ fn open(
     let mut processes = Vec::new();
     let mut streams = Vec::new();
     let pool = FilePool::from_rlimit_share(1);
+    // (many inputs: each read a window of its packet at a time, as a merge reads them)
+    let windowed = names.len() > BUFFERED_STREAMS;
     for (name, path) in names.iter().zip(sources) {
-        let r = open_as(&pool, path, name)?;
+        let r = open_as(&pool, path, name, windowed)?;
         let info = r.info().clone();
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
             continue;
@@ -247,7 +250,7 @@ fn open(
             }
             let mut r = match first.take() {
                 Some(r) => r,
-                None => open_as(&pool, path, name)?,
+                None => open_as(&pool, path, name, windowed)?,
             };
             if info.version >= 3 {
                 r.set_domain_filter(Some(d));
@@ -280,11 +283,18 @@ fn open_as(
     pool: &FilePool,
     source: &std::path::Path,
     name: &std::path::Path,
+    windowed: bool,
 ) -> Result<Reader<LazyFile>> {
     let f = pool
         .open(source)
         .map_err(|e| Error::input(name, "open", e))?;
-    Reader::new(f, &name.display().to_string())
+    if !windowed {
+        return Reader::new(f, &name.display().to_string());
+    }
+    let len = std::fs::metadata(source).map_or(0, |m| m.len());
+    let mut r = Reader::with_buffer(f, &name.display().to_string(), READ_WINDOW)?;
+    r.set_window(READ_WINDOW, len);
+    Ok(r)
 }
 
 /// The pass over `inputs`.

@@ -87,6 +87,8 @@ pub struct CacheReader {
     scratch: Vec<LocationCode>,
     /// When kept ([`CacheReader::keep_slots`]): the entry each frame of `last` came from.
     slots: Option<Vec<u16>>,
+    /// Sparse tables until many entries are used ([`CacheReader::sparse`]).
+    sparse: bool,
 }
 
 impl Default for CacheReader {
@@ -99,6 +101,7 @@ impl Default for CacheReader {
             last_len: 0,
             scratch: Vec::new(),
             slots: None,
+            sparse: false,
         }
     }
 }
@@ -108,6 +111,12 @@ impl CacheReader {
     #[inline]
     pub fn backtrace(&self) -> &[LocationCode] {
         &self.last[..self.last_len]
+    }
+
+    /// Keep the cache in sparse tables until the stream uses many entries (a merge of
+    /// thousands of inputs keeps a reader per input; alone, dense tables are faster).
+    pub fn sparse(&mut self, yes: bool) {
+        self.sparse = yes;
     }
 
     /// Keep, for every decoded frame, the cache entry it came from (see
@@ -140,7 +149,11 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        let t = self.tables.get_or_insert_with(ReaderTables::default);
+        let sparse = self.sparse;
+        let t = self.tables.get_or_insert_with(|| match sparse {
+            true => ReaderTables::default(),
+            false => ReaderTables::dense(),
+        });
         let (last, last_len, slots, scratch) = (
             &mut self.last,
             &mut self.last_len,

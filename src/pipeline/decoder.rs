@@ -12,7 +12,8 @@ use crate::pipeline::placement::Placement;
 use crate::pipeline::share::ShareOf;
 use crate::reader::Reader;
 use crate::thin::Thinner;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -93,6 +94,14 @@ struct Doorbell {
 }
 
 impl Wake {
+    fn ring(&self) {
+        let mut f = self.flag.lock().unwrap_or_else(|e| e.into_inner());
+        f.rung = true;
+        if f.sleeping {
+            self.cv.notify_one();
+        }
+    }
+
     /// Sleep until rung (or `timeout`), unless rung since the last wait.
     fn wait(&self, timeout: Duration) {
         let mut f = self.flag.lock().unwrap_or_else(|e| e.into_inner());
@@ -108,6 +117,10 @@ impl Wake {
         f.rung = false;
     }
 }
+
+/// Streams by the time they run dry (the time of the last event of their last batch),
+/// the soonest on top.
+type DryFirst = BinaryHeap<Reverse<(u64, usize)>>;
 
 struct Shared {
     queues: Vec<Queue>,
@@ -136,9 +149,15 @@ struct Shared {
     /// Batches queued per stream ahead of the consumer: [`DEPTH`], fewer with many
     /// streams, whose batches would otherwise hold most of the merge's memory.
     depth: usize,
-    /// Per worker: its streams with room for a batch, the longest waiting first (so that
-    /// finding one does not look at every stream).
-    todo: Vec<Mutex<VecDeque<usize>>>,
+    /// Per worker: its streams with room for a batch, the one that runs dry first on top
+    /// (finding it does not look at every stream).
+    todo: Vec<Mutex<DryFirst>>,
+    /// Per stream: the time of the last event of its last batch filled, when the merge
+    /// needs its next.
+    dry_at: Vec<AtomicU64>,
+    /// Batches queued in all, at most [`QUEUED`]: with thousands of streams only those
+    /// that run dry soonest have one queued (the others hold one, the merge's).
+    queued: AtomicUsize,
     /// Per stream: listed in its worker's `todo`.
     listed: Vec<AtomicBool>,
     /// Per worker: its streams not ended yet.
@@ -151,13 +170,30 @@ struct Shared {
 }
 
 impl Shared {
-    /// List stream `i` in its worker's `todo`, unless it is already.
+    /// List stream `i` in its worker's `todo`, unless it is already (with few streams,
+    /// whose workers look at each, nothing is listed).
     fn want(&self, i: usize) {
-        if !self.listed[i].swap(true, Ordering::SeqCst) {
+        if self.queues.len() > SCANNED_STREAMS && !self.listed[i].swap(true, Ordering::SeqCst) {
+            let at = self.dry_at[i].load(Ordering::Relaxed);
             self.todo[self.owner[i]]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push_back(i);
+                .push(Reverse((at, i)));
+        }
+    }
+
+    /// Queue stream `i`'s next batch (its filler holds its state: batches stay in order).
+    fn queue(&self, i: usize, b: Batch) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.queues[i].push(b);
+    }
+
+    /// A queued batch was taken: a worker waiting for room may fill one again.
+    fn taken(&self) {
+        if self.queued.fetch_sub(1, Ordering::SeqCst) == QUEUED {
+            for w in &self.wakes {
+                w.ring();
+            }
         }
     }
 }
@@ -176,6 +212,10 @@ pub(crate) struct Hooks {
     pub hold: Duration,
 }
 
+/// Streams up to which the threads look at each stream for the next one to fill (the
+/// decoding threads at their own, the merging thread, waiting for one, at every other);
+/// past them, each decoding thread lists its streams that run dry first.
+const SCANNED_STREAMS: usize = 64;
 /// Batches queued per stream ahead of the consumer (with few streams).
 const DEPTH: usize = 4;
 /// Batches queued ahead of the consumer in all, past which each stream gets fewer.
@@ -187,9 +227,9 @@ const FRAMES_QUEUED: usize = 1 << 19;
 const HINTED_STREAMS: usize = 256;
 /// Streams up to which each reader holds the packet it is in whole; past them, a window
 /// of it ([`READ_WINDOW`]).
-const BUFFERED_STREAMS: usize = 256;
+pub(crate) const BUFFERED_STREAMS: usize = 256;
 /// Bytes of a packet a reader holds at once past [`BUFFERED_STREAMS`] streams.
-const READ_WINDOW: usize = 4096;
+pub(crate) const READ_WINDOW: usize = 4096;
 /// Bytes read ahead of the readers in all, past which each reader's buffer is smaller.
 const READ_AHEAD: usize = 8 << 20;
 
@@ -253,15 +293,20 @@ impl Decoder {
             free: Mutex::new(VecDeque::new()),
             bytes_read: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
-            batch_events: (131_072 / nstreams).clamp(16, most_events),
-            batch_frames: (FRAMES_QUEUED / nstreams).clamp(128, BATCH_FRAMES),
+            batch_events: (131_072 / nstreams).clamp(32, most_events),
+            batch_frames: (FRAMES_QUEUED / nstreams).clamp(256, BATCH_FRAMES),
             hints: nstreams <= HINTED_STREAMS,
             windowed: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
             // (every stream wants its first batch)
             todo: (0..n)
-                .map(|w| Mutex::new((0..streams.len()).filter(|&i| owner[i] == w).collect()))
+                .map(|w| {
+                    let mine = (0..streams.len()).filter(|&i| owner[i] == w);
+                    Mutex::new(mine.map(|i| Reverse((0, i))).collect())
+                })
                 .collect(),
+            dry_at: (0..streams.len()).map(|_| AtomicU64::new(0)).collect(),
+            queued: AtomicUsize::new(0),
             listed: (0..streams.len()).map(|_| AtomicBool::new(true)).collect(),
             unfinished: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             read_bytes: match nstreams > BUFFERED_STREAMS {
@@ -305,6 +350,7 @@ impl Decoder {
                 let left = g.ready.len();
                 q.queued.store(left, Ordering::Relaxed);
                 drop(g);
+                self.shared.taken();
                 self.shared.want(i);
                 // The worker sleeps when none of its streams has room; wake it once this
                 // one is half empty, so that it fills several batches a time it wakes
@@ -359,6 +405,7 @@ impl Decoder {
         if let Some(b) = g.ready.pop_front() {
             q.queued.store(g.ready.len(), Ordering::Relaxed);
             drop(g);
+            sh.taken();
             sh.want(i);
             return Some(b);
         }
@@ -391,16 +438,34 @@ impl Decoder {
         if h != i && h < sh.queues.len() && sh.queues[h].queued.load(Ordering::Relaxed) < sh.depth {
             best = self.fillable(h).map(|st| (h, st));
         }
-        if best.is_none() {
-            // the stream that has waited longest for a batch, of a decoding thread's
+        if best.is_none() && sh.queues.len() <= SCANNED_STREAMS {
+            // the stream with the fewest batches queued
+            let mut fewest = sh.depth;
+            for (j, q) in sh.queues.iter().enumerate() {
+                let n = q.queued.load(Ordering::Relaxed);
+                if j == i || n >= fewest {
+                    continue;
+                }
+                if let Some(st) = self.fillable(j) {
+                    fewest = n;
+                    best = Some((j, st));
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+        } else if best.is_none() {
+            // the stream of a decoding thread's that runs dry first
             for todo in &sh.todo {
                 let mut t = todo.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(pos) = t.iter().take(8).position(|&j| j != i) else {
+                let Some(&Reverse((_, j))) = t.peek() else {
                     continue;
                 };
-                let j = t[pos];
+                if j == i {
+                    continue;
+                }
                 if let Some(st) = self.fillable(j) {
-                    t.remove(pos);
+                    t.pop();
                     sh.listed[j].store(false, Ordering::SeqCst);
                     best = Some((j, st));
                     break;
@@ -425,7 +490,7 @@ impl Decoder {
             })
         });
         // queued before the lock is let go: batches stay in order
-        sh.queues[j].push(b);
+        sh.queue(j, b);
         if !s.done && sh.queues[j].queued.load(Ordering::Relaxed) < sh.depth {
             sh.want(j);
         }
@@ -440,19 +505,16 @@ impl Decoder {
     }
 
     fn poke(&self, w: usize) {
-        let wake = &self.shared.wakes[w];
-        let mut f = wake.flag.lock().unwrap_or_else(|e| e.into_inner());
-        f.rung = true;
-        if f.sleeping {
-            wake.cv.notify_one();
-        }
+        self.shared.wakes[w].ring();
     }
 
     /// Give an exhausted batch back for reuse.
     pub fn recycle(&self, mut b: Batch) {
         b.clear();
         let mut f = self.shared.free.lock().unwrap_or_else(|e| e.into_inner());
-        if f.len() < 64 {
+        // (with many streams one is wanted again soon: kept rather than freed and made
+        // anew, as many as may be queued in all)
+        if f.len() < self.shared.queues.len().clamp(64, QUEUED) {
             f.push_back(b);
         }
     }
@@ -539,6 +601,15 @@ thread_local! {
     pub(crate) static FILLED_HERE: std::cell::Cell<Filled> = std::cell::Cell::new(Filled::default());
 }
 
+/// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
+fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Fill the next batch of stream `i`, whose state `s` the caller holds locked.
 fn fill_next(sh: &Shared, i: usize, s: &mut DecState) -> Batch {
     let free = sh
@@ -561,6 +632,9 @@ fn fill_next(sh: &Shared, i: usize, s: &mut DecState) -> Batch {
     s.first = false;
     s.seq += 1;
     fill(s, &mut b, n, sh.batch_frames);
+    if let Some(t) = b.evs.last() {
+        sh.dry_at[i].store(t.time, Ordering::Relaxed);
+    }
     if let Some(r) = &s.reader {
         let now = r.stats().bytes;
         sh.bytes_read.fetch_add(now - s.counted, Ordering::Relaxed);
@@ -597,14 +671,23 @@ fn decode_all(
         })
         .collect();
     let wake = &sh.wakes[me];
+    // (few streams: each looked at for the one with the fewest batches queued)
+    let few = sh.queues.len() <= SCANNED_STREAMS;
     loop {
         if sh.abort.load(Ordering::Relaxed) || sh.unfinished[me].load(Ordering::SeqCst) == 0 {
             break;
         }
-        let next = sh.todo[me]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front();
+        // (no more queued than allowed in all: those that run dry first have theirs)
+        let next = if few {
+            pick_stream(sh, &mine)
+        } else {
+            (sh.queued.load(Ordering::SeqCst) < QUEUED)
+                .then(|| {
+                    let mut t = sh.todo[me].lock().unwrap_or_else(|e| e.into_inner());
+                    t.pop().map(|Reverse((_, i))| i)
+                })
+                .flatten()
+        };
         let Some(i) = next else {
             wake.wait(Duration::from_millis(50));
             continue;
@@ -612,7 +695,13 @@ fn decode_all(
         // (unlisted before its queue is looked at: a batch taken from it from now on
         // lists it again)
         sh.listed[i].store(false, Ordering::SeqCst);
-        let mut st = sh.states[i].lock().unwrap_or_else(|e| e.into_inner());
+        // (a stream the merging thread is filling is left to it: another one is filled
+        // meanwhile, and this one listed again)
+        let Some(mut st) = try_lock(&sh.states[i]) else {
+            sh.want(i);
+            std::thread::yield_now();
+            continue;
+        };
         // (the merging thread may have filled it meanwhile, to its end)
         if let Some(s) = st.as_mut().filter(|s| !s.done) {
             if sh.queues[i].queued.load(Ordering::SeqCst) < sh.depth {
@@ -624,7 +713,7 @@ fn decode_all(
                 }
                 let b = fill_next(sh, i, s);
                 // queued before the lock is let go: batches stay in order
-                sh.queues[i].push(b);
+                sh.queue(i, b);
             }
             if !s.done && sh.queues[i].queued.load(Ordering::SeqCst) < sh.depth {
                 sh.want(i);
@@ -678,4 +767,28 @@ fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
         first: true,
         counted: 0,
     }
+}
+
+/// Which of `mine` to fill next: the stream with the fewest batches ready (the one the
+/// merge may be waiting for); a stream the merging thread is filling is skipped.
+fn pick_stream(sh: &Shared, mine: &[usize]) -> Option<usize> {
+    let mut pick = None;
+    let mut fewest = sh.depth;
+    for &i in mine {
+        let Some(st) = try_lock(&sh.states[i]) else {
+            continue;
+        };
+        if st.as_ref().is_none_or(|s| s.done) {
+            continue;
+        }
+        let n = sh.queues[i].queued.load(Ordering::Relaxed);
+        if n < fewest {
+            fewest = n;
+            pick = Some(i);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    pick
 }

@@ -295,10 +295,15 @@ impl<R: Read> Reader<R> {
 
     /// Read packets whole in the file `window` bytes at a time rather than whole, the
     /// file being `file_len` bytes long (a packet past it is read whole, as without a
-    /// window): a merge of thousands of inputs holds a reader, and so a buffer, per input.
+    /// window), its caches in sparse tables: a merge of thousands of inputs holds a
+    /// reader, and so a buffer and a cache, per input.
     pub(crate) fn set_window(&mut self, window: usize, file_len: u64) {
         self.window = Some(window.clamp(256, 1 << 16));
         self.file_len = file_len;
+        // (and its caches in sparse tables: a merge that holds many readers)
+        for d in &mut self.domains {
+            d.cache.sparse(true);
+        }
     }
 
     /// Read up to `max` events into `sink` (with the codes location events define, each

@@ -157,6 +157,7 @@ impl<R: Read> Reader<R> {
             ..Default::default()
         });
         self.domains[i].cache.keep_slots(self.keep_slots);
+        self.domains[i].cache.sparse(self.window.is_some());
         self.domain_index.insert(d, i);
         i
     }
