@@ -611,8 +611,10 @@ fn encoding_ahead_is_chosen_where_it_pays() {
     let auto = MergeOptions::default();
     assert!(merge_and_compare(&[a.clone(), b.clone()], &auto).encoded_ahead);
     // format 3: each alone in its domain, after what it keeps of its previous backtrace
+    // (when re-encoded rather than copied)
     let f3 = MergeOptions {
         format: Some(3),
+        copy_packets: Some(false),
         ..Default::default()
     };
     assert!(merge_and_compare(&[a.clone(), b.clone()], &f3).encoded_ahead);
