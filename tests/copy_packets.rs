@@ -4,6 +4,8 @@
 //! thinned, tagged, codes meaning otherwise) are merged as before beside the copied ones.
 
 mod common;
+#[path = "support/splitmix.rs"]
+mod splitmix;
 
 use memtrace_merge::tools::compare::{compare, CompareOptions};
 use memtrace_merge::{merge, MergeOptions, MergeReport};
@@ -179,5 +181,136 @@ fn handed_over_blocks_are_merged_copied_or_not() {
     eprintln!(
         "copied: {:?}",
         r.inputs.iter().map(|i| i.copied).collect::<Vec<_>>()
+    );
+}
+
+/// A merge that would copy, cancelled (here before it starts: the surveys and the copy
+/// ask too), fails so and leaves no output.
+#[test]
+fn a_cancelled_copying_merge_leaves_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("merged.ctf");
+    let cancel = memtrace_merge::Cancel::new();
+    cancel.cancel();
+    let opts = MergeOptions {
+        format: Some(3),
+        cancel,
+        ..Default::default()
+    };
+    let r = merge(&fork(), &out, &opts);
+    assert!(matches!(r, Err(memtrace_merge::Error::Cancelled)), "{r:?}");
+    assert!(!out.exists());
+}
+
+/// Every event a reader hands out, folded into one number with their count.
+#[derive(Default, PartialEq, Debug)]
+struct Digest(u64, u64);
+
+impl Digest {
+    fn add(&mut self, words: &[u64]) {
+        for &w in words {
+            self.0 = (self.0 ^ w).wrapping_mul(0x100_0000_01b3).rotate_left(17);
+        }
+        self.1 += 1;
+    }
+}
+
+impl memtrace_merge::EventSink for Digest {
+    fn location(
+        &mut self,
+        code: memtrace_merge::LocationCode,
+        locs: &memtrace_merge::LocationList,
+    ) {
+        self.add(&[1, code.0, locs.len() as u64]);
+    }
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: memtrace_merge::AllocSource,
+        common_prefix: u64,
+        backtrace: &[memtrace_merge::LocationCode],
+        _slots: &[u16],
+    ) {
+        self.add(&[2, time, id, length, nsamples, source as u64, common_prefix]);
+        self.add(&backtrace.iter().map(|c| c.0).collect::<Vec<_>>());
+    }
+    fn promote(&mut self, time: u64, id: u64) {
+        self.add(&[3, time, id]);
+    }
+    fn collect(&mut self, time: u64, id: u64) {
+        self.add(&[4, time, id]);
+    }
+}
+
+/// Whether `bytes` read cleanly (no warning, no error) with `read_events`, with what it
+/// read; the same from `read_clean`.
+fn both_readings(bytes: &[u8]) -> Option<((bool, Digest), (bool, Digest))> {
+    let mut a = memtrace_merge::Reader::new(bytes, "t").ok()?;
+    let mut da = Digest::default();
+    let ok_a = loop {
+        match a.read_events(&mut da, 1000) {
+            Ok(true) => {}
+            Ok(false) => break a.warnings().is_empty() && a.warnings_dropped() == 0,
+            Err(_) => break false,
+        }
+    };
+    let mut b = memtrace_merge::Reader::new(bytes, "t").ok()?;
+    let mut db = Digest::default();
+    let ok_b = matches!(b.read_clean(&mut db), Ok(None));
+    Some(((ok_a, da), (ok_b, db)))
+}
+
+/// `read_clean`, which says whether a merge may copy an input, reads cleanly exactly the
+/// traces the reader reads without a warning or an error, and the same events: every
+/// trace of tests/data, and each of three of them with 60 bytes changed, one at a time.
+#[test]
+fn read_clean_refuses_exactly_what_the_reader_warns_of() {
+    let mut files = Vec::new();
+    let mut dirs = vec![common::data_dir()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "ctf") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    let (mut clean, mut refused) = (0, 0);
+    let mut check = |bytes: &[u8], what: &str| {
+        if let Some(((ok_a, da), (ok_b, db))) = both_readings(bytes) {
+            assert_eq!(
+                ok_a, ok_b,
+                "{what}: read_events clean {ok_a}, read_clean {ok_b}"
+            );
+            if ok_a {
+                assert_eq!(da, db, "{what}: other events");
+                clean += 1;
+            } else {
+                refused += 1;
+            }
+        }
+    };
+    for f in &files {
+        check(&std::fs::read(f).unwrap(), &f.display().to_string());
+    }
+    let mut rng = splitmix::SplitMix::from_state(34);
+    for name in ["fork/child-4.ctf", "v3/multidomain.ctf", "rates/slow.ctf"] {
+        let bytes = std::fs::read(data(name)).unwrap();
+        for _ in 0..60 {
+            let mut b = bytes.clone();
+            let at = (rng.next_u64() % b.len() as u64) as usize;
+            b[at] ^= 1 << (rng.next_u64() % 8);
+            check(&b, &format!("{name} with byte {at} changed"));
+        }
+    }
+    assert!(
+        clean > 20 && refused > 20,
+        "clean {clean}, refused {refused}"
     );
 }

@@ -7,6 +7,7 @@ use super::objects::{warn_input, InputState};
 use super::plan::Plan;
 use super::verbatim::copied_inputs;
 use super::{InputReport, MergeOptions, MergeReport, RateMismatch};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::{DomainId, Timestamp};
 use crate::format::info::TraceInfo;
@@ -87,7 +88,7 @@ pub(super) fn merge_attempt(
     w.fault_in();
     w.get_mut().fault_in();
     // The copied inputs' packets first (format 3 orders events per domain only).
-    copy_inputs(&mut w, &plan, &opened, &surveys, info.pid)?;
+    copy_inputs(&mut w, &plan, &opened, &surveys, info.pid, &opts.cancel)?;
     let p = &mut plan;
     let merged = merge_streams(
         &mut p.streams,
@@ -291,6 +292,7 @@ fn copy_inputs(
     opened: &[Opened],
     surveys: &[Option<Survey>],
     pid: u64,
+    cancel: &Cancel,
 ) -> Result<()> {
     let mut inputs = Vec::new();
     for (k, s) in surveys.iter().enumerate() {
@@ -304,7 +306,14 @@ fn copy_inputs(
             domains: domains.clone(),
         });
     }
-    copy_packets(&inputs, pid, |b| w.put_packet(b))
+    let mut n = 0u32;
+    copy_packets(&inputs, pid, |b| {
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(256) && cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        w.put_packet(b)
+    })
 }
 
 /// Take in what the decoding threads say of each input.

@@ -8,7 +8,8 @@
 
 use super::inputs::Opened;
 use super::MergeOptions;
-use crate::error::Result;
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
 use crate::format::event::LocationCode;
 use crate::format::location::{IntMap, LocationList};
 use crate::pipeline::verbatim::{survey, Survey};
@@ -33,7 +34,10 @@ pub(super) fn copied_inputs(
     let candidates: Vec<usize> = (0..opened.len())
         .filter(|&k| opened[k].info.sample_rate <= min_rate)
         .collect();
-    let surveys = survey_all(opened, &candidates)?;
+    let surveys = survey_all(opened, &candidates, &opts.cancel)?;
+    if opts.cancel.is_cancelled() {
+        return Err(Error::Cancelled);
+    }
     let mut meanings: IntMap<LocationCode, (usize, LocationList)> = IntMap::default();
     for (k, s) in candidates.into_iter().zip(surveys) {
         if s.refused.is_some() || !s.domains.iter().all(|d| opened[k].domains.contains(d)) {
@@ -58,7 +62,7 @@ pub(super) fn copied_inputs(
 
 /// The surveys of `opened[k]` for each `k` of `which`, made on as many threads as there
 /// are cores (at most one per input).
-fn survey_all(opened: &[Opened], which: &[usize]) -> Result<Vec<Survey>> {
+fn survey_all(opened: &[Opened], which: &[usize], cancel: &Cancel) -> Result<Vec<Survey>> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cpus.min(which.len()).max(1);
     let next = AtomicUsize::new(0);
@@ -69,7 +73,7 @@ fn survey_all(opened: &[Opened], which: &[usize]) -> Result<Vec<Survey>> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&k) = which.get(i) else { break };
-                let r = survey(&opened[k].source, &opened[k].path);
+                let r = survey(&opened[k].source, &opened[k].path, cancel);
                 if let Ok(mut d) = done.lock() {
                     d[i] = Some(r);
                 }

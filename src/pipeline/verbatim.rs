@@ -8,6 +8,7 @@
 //! is the output domain of its input's domain, whose `alloc_id_begin`/`end` are moved by a
 //! per-input offset and whose pid is the merged trace's reads as in its input, ids moved.
 
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::buf::{Cursor, WriteBuf};
 use crate::format::event::{AllocSource, LocationCode};
@@ -40,14 +41,15 @@ pub struct Survey {
 }
 
 /// Object states by id: 0 never allocated, 1 live, 2 live and promoted, 3 collected.
-#[derive(Default)]
-struct Lives {
+struct Lives<'a> {
     state: Vec<u8>,
     bad: Option<String>,
     survey: Survey,
+    cancel: &'a Cancel,
+    events: u64,
 }
 
-impl Lives {
+impl Lives<'_> {
     fn slot(&mut self, id: u64) -> Option<&mut u8> {
         if id >= MAX_SURVEYED_ID {
             self.refuse(format!("object id {id} beyond the ids followed"));
@@ -79,7 +81,7 @@ impl Lives {
     }
 }
 
-impl EventSink for Lives {
+impl EventSink for Lives<'_> {
     fn location(&mut self, code: LocationCode, locs: &LocationList) {
         self.survey.locations.push((code, locs.clone()));
     }
@@ -105,35 +107,40 @@ impl EventSink for Lives {
         }
     }
     fn promote(&mut self, _time: u64, id: u64) {
+        self.events += 1;
         self.survey.promotes += 1;
         self.follow(id, 2, "promote");
     }
     fn collect(&mut self, _time: u64, id: u64) {
+        self.events += 1;
         self.survey.collects += 1;
         self.follow(id, 3, "collect");
+    }
+    /// (the reading stops at the first refusal, and when the merge is cancelled)
+    fn full(&self) -> bool {
+        self.bad.is_some()
+            || (self.events + self.survey.allocs).is_multiple_of(1 << 16)
+                && self.cancel.is_cancelled()
     }
 }
 
 /// Read `path` (named `name`) in full, every backtrace decoded and every check of the
 /// reader made, and each object followed from its allocation: a survey whose `refused`
 /// says why its packets may not be copied (a warning of the reader, an error, an object
-/// promoted or collected out of turn, a packet that would outgrow the reference's buffer).
-pub fn survey(path: &Path, name: &Path) -> Result<Survey> {
+/// promoted or collected out of turn, a packet that would outgrow the reference's buffer,
+/// the merge cancelled).
+pub fn survey(path: &Path, name: &Path, cancel: &Cancel) -> Result<Survey> {
     let mut r = Reader::open(path)?;
-    let mut lives = Lives::default();
-    let read = loop {
-        match r.read_events(&mut lives, 1 << 16) {
-            Ok(true) => {}
-            Ok(false) => break None,
-            Err(e) => break Some(e.to_string()),
-        }
+    let mut lives = Lives {
+        state: Vec::new(),
+        bad: None,
+        survey: Survey::default(),
+        cancel,
+        events: 0,
     };
+    let read = r.read_clean(&mut lives)?;
     let mut s = std::mem::take(&mut lives.survey);
-    s.refused = read.or(lives.bad).or_else(|| {
-        let w = r.warnings();
-        (!w.is_empty() || r.warnings_dropped() > 0 || r.stats().skipped_packets > 0)
-            .then(|| format!("the reader warns: {}", w.first().map_or("", |w| &w.what)))
-    });
+    s.refused = read.or(lives.bad);
     if s.refused.is_none() {
         match packet_walk(path, name, &mut s.domains) {
             Ok(()) => {}

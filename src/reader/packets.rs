@@ -14,7 +14,7 @@ impl<R: Read> Reader<R> {
     /// Make at least `n` bytes available from `start`, unless the input ends first.
     /// Returns how many are available (≤ n only at end of input). Grows the buffer only as
     /// data actually arrives, so a bogus declared size cannot make it allocate.
-    fn fill(&mut self, n: usize) -> Result<usize> {
+    pub(super) fn fill(&mut self, n: usize) -> Result<usize> {
         while self.end - self.start < n && !self.eof {
             if self.start > 0 && (self.end == self.buf.len() || self.start > self.buf.len() / 2) {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -42,7 +42,7 @@ impl<R: Read> Reader<R> {
 
     /// Read a packet header at `start`. Ok(None) at a clean end of input.
     /// A header cut by the end of input ends the trace with a warning.
-    fn read_header(&mut self) -> Result<Option<PacketHeader>> {
+    pub(super) fn read_header(&mut self) -> Result<Option<PacketHeader>> {
         let avail = self.fill(68)?;
         if avail == 0 {
             return Ok(None);
@@ -145,7 +145,7 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    fn domain_slot(&mut self, d: u16) -> usize {
+    pub(super) fn domain_slot(&mut self, d: u16) -> usize {
         if let Some(&i) = self.domain_index.get(&d) {
             return i;
         }
