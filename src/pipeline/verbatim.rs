@@ -157,12 +157,20 @@ enum Walk {
 }
 
 /// The domains of `path`'s packets that hold events; refused when a packet, made format
-/// 3, would be larger than the reference reads.
+/// 3, would be larger than the reference reads, or names ids beyond those followed.
 fn packet_walk(path: &Path, name: &Path, domains: &mut Vec<u16>) -> Result<(), Walk> {
     let mut p = Packets::open(path, name).map_err(Walk::Failed)?;
     while let Some((h, body)) = p.next().map_err(Walk::Failed)? {
         if body.is_empty() {
             continue;
+        }
+        // (a packet of no allocation may name any id: moved by an offset, none may wrap)
+        if h.alloc_id_end >= MAX_SURVEYED_ID {
+            return Err(Walk::Refused(format!(
+                "a packet at byte {} names ids up to {}, beyond those followed",
+                p.offset(),
+                h.alloc_id_end
+            )));
         }
         if header_size(3) + body.len() > MAX_PACKET_SIZE {
             return Err(Walk::Refused(format!(
