@@ -19,7 +19,8 @@
 //! depends on the memory free, which is printed beside it.
 //!
 //! The first set is also merged with `--tag-processes` and to format 3 (each process in a
-//! domain of its own), each in turns with the plain merge, to show what those cost.
+//! domain of its own), each in turns with the plain merge, to show what those cost; the
+//! ~94 MB set to format 3 (its packets copied), to format 2 and copied by `cp`, in turns.
 //!
 //! `cargo bench --bench merge` (env `MERGE_BENCH_SCALE=0.1` for a quick run).
 #[path = "common/runs.rs"]
@@ -263,6 +264,47 @@ fn options_in_turns(set: &[PathBuf], out: &Path, opts: &[&str]) {
     );
 }
 
+/// The set merged to format 3 (its inputs' packets copied, headers rewritten), to format 2
+/// (every event re-encoded), and copied with `cp` into a new directory, in turns (12 rounds,
+/// each in another order, after one untimed round): the medians and the paired ratios.
+fn copy_against_cp(set: &[PathBuf], out: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let cp_dir = dir.path().join("cp");
+    let run = |t: usize| -> f64 {
+        if t < 2 {
+            run_merge_with(set, out, &["--format", ["3", "2"][t]]).secs
+        } else {
+            let _ = std::fs::remove_dir_all(&cp_dir);
+            std::fs::create_dir(&cp_dir).unwrap();
+            run_child(Command::new("cp").args(set).arg(&cp_dir)).secs
+        }
+    };
+    let mut times: [Vec<f64>; 3] = Default::default();
+    for k in 0..13 {
+        for j in 0..3 {
+            let t = (j + k) % 3;
+            let secs = run(t);
+            if k > 0 {
+                times[t].push(secs);
+            }
+        }
+    }
+    let ratio = |a: usize, b: usize| {
+        let mut r: Vec<f64> = times[a].iter().zip(&times[b]).map(|(x, y)| x / y).collect();
+        median(&mut r)
+    };
+    let (f3_cp, f2_cp, f2_f3) = (ratio(0, 2), ratio(1, 2), ratio(1, 0));
+    let [mut f3, mut f2, mut cp] = times;
+    println!(
+        "  the same set to format 3 (packets copied): median {:.3} s; to format 2: {:.3} s; \
+         cp of its files: {:.3} s, in turns (paired: format 3 / cp {f3_cp:.1}, format 2 / cp \
+         {f2_cp:.1}, format 2 / format 3 {f2_f3:.2})",
+        median(&mut f3),
+        median(&mut f2),
+        median(&mut cp),
+    );
+}
+
 fn main() {
     let scale = scale();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -391,6 +433,9 @@ fn main() {
             rss.map(|k| format!("{:.1}", k as f64 / 1024.0)).unwrap_or("?".into()),
             ratios(s, OCAML_BIG_S * scale * length as f64, base)
         );
+        if (length, switch, deepest) == (1, 4, 40) {
+            copy_against_cp(&set, &out);
+        }
         if (switch, deepest) != (8, 40) {
             // (not a doubling of the first set)
         } else if length == 1 {

@@ -5,7 +5,9 @@ use super::core::{merge_streams, Merged, Progress};
 use super::inputs::{describe_merge, merged_rate, open_as, Opened, Prepared};
 use super::objects::{warn_input, InputState};
 use super::plan::Plan;
+use super::verbatim::copied_inputs;
 use super::{InputReport, MergeOptions, MergeReport, RateMismatch};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::{DomainId, Timestamp};
 use crate::format::info::TraceInfo;
@@ -13,6 +15,7 @@ use crate::pipeline::decoder::{Decoder, Hooks};
 use crate::pipeline::fill::DecodeReport;
 use crate::pipeline::output::OutputFile;
 use crate::pipeline::placement::Placement;
+use crate::pipeline::verbatim::{copy_packets, CopiedInput, Survey};
 use crate::reader::{scan_packets_as, PacketScan};
 use crate::writer::{WriteStats, Writer, WriterOptions};
 use std::io::{IsTerminal, Write};
@@ -38,8 +41,16 @@ pub(super) fn merge_attempt(
             3
         }
     });
-    let info = merged_info(&opened, opts, format, min_rate);
-    let mut plan = Plan::new(&opened, prepared, opts, format, min_rate)?;
+    let mut info = merged_info(&opened, opts, format, min_rate);
+    let surveys = copied_inputs(&opened, opts, format, min_rate)?;
+    let copied: Vec<bool> = surveys.iter().map(Option::is_some).collect();
+    let mut plan = Plan::new(&opened, prepared, opts, format, min_rate, &copied)?;
+    if copied.contains(&true) {
+        // (the writer's first stream, which ends the trace with a packet, in a domain of
+        // its own: after a copied domain's packets, its begin time would go back)
+        info.initial_domain = DomainId(plan.free_domain);
+        take_in_copied(&mut plan, &surveys);
+    }
     // decoders on the cores the merging thread leaves (at least one)
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (opts.decode_threads).unwrap_or_else(|| (cpus - 1).clamp(1, 4));
@@ -76,6 +87,8 @@ pub(super) fn merge_attempt(
     // merging, while the decoding threads open the inputs and fill their first batches.
     w.fault_in();
     w.get_mut().fault_in();
+    // The copied inputs' packets first (format 3 orders events per domain only).
+    copy_inputs(&mut w, &plan, &opened, &surveys, info.pid, &opts.cancel)?;
     let p = &mut plan;
     let merged = merge_streams(
         &mut p.streams,
@@ -109,6 +122,9 @@ pub(super) fn merge_attempt(
         min_rate,
         wstats,
         encoded_ahead: plan.encoded_ahead,
+        copied: surveys.iter().flatten().fold((0, 0, 0), |(a, p, c), s| {
+            (a + s.allocs, p + s.promotes, c + s.collects)
+        }),
     };
     Ok(Some(report(
         plan.states,
@@ -252,6 +268,54 @@ fn writer(
     Ok(w)
 }
 
+/// The copied inputs' counts in their reports, and their codes in the merged codes first:
+/// those of the inputs merged otherwise are remapped around them.
+fn take_in_copied(plan: &mut Plan, surveys: &[Option<Survey>]) {
+    for (st, s) in plan.states.iter_mut().zip(surveys) {
+        let Some(s) = s else { continue };
+        for (c, l) in &s.locations {
+            plan.codes.map(*c, l);
+        }
+        let r = &mut st.report;
+        r.copied = true;
+        (r.allocs, r.allocs_written) = (s.allocs, s.allocs);
+        (r.promotes, r.collects) = (s.promotes, s.collects);
+        (r.samples_read, r.samples_written) = (s.samples, s.samples);
+    }
+}
+
+/// Write the packets of the inputs the plan copies, each input's ids in chunks reserved
+/// for it.
+fn copy_inputs(
+    w: &mut Writer<OutputFile>,
+    plan: &Plan,
+    opened: &[Opened],
+    surveys: &[Option<Survey>],
+    pid: u64,
+    cancel: &Cancel,
+) -> Result<()> {
+    let mut inputs = Vec::new();
+    for (k, s) in surveys.iter().enumerate() {
+        let (Some(s), Some(domains)) = (s, &plan.copied[k]) else {
+            continue;
+        };
+        inputs.push(CopiedInput {
+            path: opened[k].source.clone(),
+            name: opened[k].path.clone(),
+            id_offset: w.reserve_ids(s.id_end)?,
+            domains: domains.clone(),
+        });
+    }
+    let mut n = 0u32;
+    copy_packets(&inputs, pid, |b| {
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(256) && cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        w.put_packet(b)
+    })
+}
+
 /// Take in what the decoding threads say of each input.
 fn take_decoded(states: &mut [InputState], mut decoded: Vec<DecodeReport>) -> Result<()> {
     // (an input gone since it was first opened: its streams read nothing)
@@ -280,6 +344,8 @@ struct Outcome {
     min_rate: f64,
     wstats: WriteStats,
     encoded_ahead: bool,
+    /// Allocations, promotes and collects of the packets copied.
+    copied: (u64, u64, u64),
 }
 
 /// The merge's report: the inputs' in the order given (skipped ones included), the totals.
@@ -301,9 +367,9 @@ fn report(
     MergeReport {
         output: output.to_path_buf(),
         format: o.format,
-        allocs: o.wstats.allocs,
-        promotes: o.wstats.promotes,
-        collects: o.wstats.collects,
+        allocs: o.wstats.allocs + o.copied.0,
+        promotes: o.wstats.promotes + o.copied.1,
+        collects: o.wstats.collects + o.copied.2,
         encoded_ahead: o.encoded_ahead,
         remapped_codes: inputs.iter().map(|r| r.remapped_codes).sum(),
         warnings: inputs.iter().map(|r| r.warnings.len() as u64).sum::<u64>()

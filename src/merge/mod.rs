@@ -20,6 +20,7 @@ mod objects;
 mod plan;
 mod report;
 mod streams;
+mod verbatim;
 
 use attempt::merge_attempt;
 use inputs::prepare_inputs;
@@ -83,6 +84,11 @@ pub struct MergeOptions {
     /// the output is valid, but the bytes differ; a backtrace too deep for its share has
     /// the merge made again without encoding ahead, rather than cut.
     pub encode_ahead: Option<bool>,
+    /// Copy the packets of inputs that a format-3 merge of several inputs keeps as they
+    /// are (read without a warning, not thinned, not tagged, no code meaning otherwise
+    /// than in another such input), only their headers rewritten, rather than re-encode
+    /// their events. None: yes. The output is valid either way; the bytes differ.
+    pub copy_packets: Option<bool>,
 }
 
 /// What happened to one input.
@@ -124,6 +130,9 @@ pub struct InputReport {
     pub cut_backtraces: u64,
     /// Left out entirely (unreadable, with `skip_bad_inputs`).
     pub skipped: bool,
+    /// Its packets were copied as they were, only their headers rewritten
+    /// ([`MergeOptions::copy_packets`]).
+    pub copied: bool,
     /// Reading stopped at an error before the input's end (a warning says where): what
     /// came before it was merged, the rest left out.
     pub stopped_at_error: bool,

@@ -25,16 +25,22 @@ pub(super) struct Plan {
     pub(super) bts: Vec<Backtrace>,
     /// Some stream is encoded ahead.
     pub(super) encoded_ahead: bool,
+    /// Per input whose packets are copied: its (domain, output domain) pairs.
+    pub(super) copied: Vec<Option<Vec<(u16, u16)>>>,
+    /// A domain no stream or copied input writes in (format 3, several inputs).
+    pub(super) free_domain: u16,
 }
 
 impl Plan {
-    /// The plan of a merge of `opened` (all readable) into `format` at `min_rate`.
+    /// The plan of a merge of `opened` (all readable) into `format` at `min_rate`, the
+    /// inputs `copied` (format 3, several inputs) copied packet by packet.
     pub(super) fn new(
         opened: &[Opened],
         prepared: &Prepared,
         opts: &MergeOptions,
         format: u16,
         min_rate: f64,
+        copied: &[bool],
     ) -> Result<Plan> {
         let single = opened.len() == 1;
         let mut plan = Plan {
@@ -44,6 +50,8 @@ impl Plan {
             specs: Vec::new(),
             bts: Vec::new(),
             encoded_ahead: false,
+            copied: vec![None; opened.len()],
+            free_domain: 0,
         };
         let mut out_domains: Vec<DomainId> = Vec::new();
         let mut next_domain = 0u16;
@@ -61,6 +69,10 @@ impl Plan {
                         .ok_or_else(|| Error::Incompatible("more than 65535 domains".into()))?;
                     DomainId(next_domain - 1)
                 };
+                if copied.get(k) == Some(&true) {
+                    (plan.copied[k].get_or_insert_with(Vec::new)).push((d, out_domain.0));
+                    continue;
+                }
                 let out_slot = match out_domains.iter().position(|&x| x == out_domain) {
                     Some(i) => i,
                     None => {
@@ -72,6 +84,7 @@ impl Plan {
             }
             plan.states.push(st);
         }
+        plan.free_domain = next_domain;
         plan.choose_encoding(opened, opts, out_domains.len(), single);
         Ok(plan)
     }

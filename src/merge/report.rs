@@ -12,7 +12,7 @@ pub fn format_report(r: &MergeReport) -> String {
             continue;
         }
         s.push_str(&format!(
-            "{}: pid {}, format {}, rate {}: {} events ({} allocs, {} promotes, {} collects); {} allocs written{}{}{}\n",
+            "{}: pid {}, format {}, rate {}: {} events ({} allocs, {} promotes, {} collects); {} allocs written{}{}{}{}\n",
             i.path.display(),
             i.pid,
             i.format,
@@ -25,6 +25,7 @@ pub fn format_report(r: &MergeReport) -> String {
             if i.skipped_packets > 0 { format!(", {} packets skipped", i.skipped_packets) } else { String::new() },
             if i.remapped_codes > 0 { format!(", {} location codes renumbered", i.remapped_codes) } else { String::new() },
             if i.keep_fraction < 1.0 { format!(", thinned to {:.2}% of its samples", 100.0 * i.keep_fraction) } else { String::new() },
+            if i.copied { ", its packets copied" } else { "" },
         ));
     }
     s.push_str(&format!(

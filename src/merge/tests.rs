@@ -257,6 +257,8 @@ fn batches_the_merging_thread_fills_itself_change_nothing() {
                 format: Some(format),
                 encode_ahead: Some(ahead),
                 progress: false,
+                // (re-encoded: a copied input has no streams to fill)
+                copy_packets: Some(false),
                 ..Default::default()
             };
             let r = merge_with(&set, &out, &opts, hooks).unwrap();

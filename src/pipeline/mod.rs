@@ -27,3 +27,4 @@ pub(crate) mod fill;
 pub mod output;
 pub mod placement;
 pub mod share;
+pub mod verbatim;

@@ -57,6 +57,34 @@ pub(super) enum Pending {
     },
 }
 
+impl Pending {
+    /// Hand the event to `sink` (an allocation with its backtrace and cache entries).
+    #[inline(always)]
+    pub(super) fn give(self, sink: &mut impl EventSink, backtrace: &[LocationCode], slots: &[u16]) {
+        match self {
+            Pending::Alloc {
+                time,
+                id,
+                length,
+                nsamples,
+                source,
+                common_prefix,
+            } => sink.alloc(
+                time,
+                id,
+                length,
+                nsamples,
+                source,
+                common_prefix,
+                backtrace,
+                slots,
+            ),
+            Pending::Promote { time, id } => sink.promote(time, id),
+            Pending::Collect { time, id } => sink.collect(time, id),
+        }
+    }
+}
+
 pub(super) fn non_negative(field: &'static str, v: i64) -> Result<u64, Malformed> {
     if v < 0 {
         Err(Malformed::BadValue { field, value: v })

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Malformed, Position, Result};
 mod body;
+mod clean;
 mod packets;
 mod scan;
 
@@ -326,34 +327,21 @@ impl<R: Read> Reader<R> {
                     }
                 }
             }
+            let Some(p) = p else {
+                self.stats.location_events += 1;
+                continue;
+            };
+            n += 1;
+            let alloc = matches!(p, Pending::Alloc { .. });
             match p {
-                None => self.stats.location_events += 1,
-                Some(Pending::Alloc {
-                    time,
-                    id,
-                    length,
-                    nsamples,
-                    source,
-                    common_prefix,
-                }) => {
-                    self.stats.allocs += 1;
-                    n += 1;
-                    let (bt, slots) = self.last_backtrace();
-                    sink.alloc(time, id, length, nsamples, source, common_prefix, bt, slots);
-                    if sink.full() {
-                        break;
-                    }
-                }
-                Some(Pending::Promote { time, id }) => {
-                    self.stats.promotes += 1;
-                    n += 1;
-                    sink.promote(time, id);
-                }
-                Some(Pending::Collect { time, id }) => {
-                    self.stats.collects += 1;
-                    n += 1;
-                    sink.collect(time, id);
-                }
+                Pending::Alloc { .. } => self.stats.allocs += 1,
+                Pending::Promote { .. } => self.stats.promotes += 1,
+                Pending::Collect { .. } => self.stats.collects += 1,
+            }
+            let (bt, slots) = self.last_backtrace();
+            p.give(sink, bt, slots);
+            if alloc && sink.full() {
+                break;
             }
         }
         Ok(true)

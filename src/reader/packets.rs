@@ -44,7 +44,7 @@ impl<R: Read> Reader<R> {
 
     /// Read a packet header at `start`. Ok(None) at a clean end of input.
     /// A header cut by the end of input ends the trace with a warning.
-    fn read_header(&mut self) -> Result<Option<PacketHeader>> {
+    pub(super) fn read_header(&mut self) -> Result<Option<PacketHeader>> {
         let avail = self.fill(68)?;
         if avail == 0 {
             return Ok(None);
@@ -147,7 +147,7 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
-    fn domain_slot(&mut self, d: u16) -> usize {
+    pub(super) fn domain_slot(&mut self, d: u16) -> usize {
         if let Some(&i) = self.domain_index.get(&d) {
             return i;
         }

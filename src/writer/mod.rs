@@ -19,6 +19,9 @@ use std::io::Write;
 
 /// Fixed-size part of any event (upper bound) plus the larger of the two encoding budgets.
 const MAX_EV_SIZE: usize = 100 + backtrace::MAX_LENGTH;
+/// The owner of an id chunk reserved for packets copied whole ([`Writer::reserve_ids`]).
+const COPIED_CHUNK: u32 = u32::MAX;
+
 /// Format-3 writers hand out object ids in chunks of this many per domain.
 pub const IDS_PER_CHUNK: u64 = 10_000;
 /// A packet with more new locations than this is flushed before the next event.
@@ -435,6 +438,10 @@ impl<W: Write> Writer<W> {
             return Some(0);
         }
         let si = *self.chunk_owner.get((id.0 / IDS_PER_CHUNK) as usize)? as usize;
+        // (chunks of packets copied whole belong to no stream of this writer)
+        if si == COPIED_CHUNK as usize {
+            return None;
+        }
         // (a chunk's ids past its stream's count are not handed out yet)
         let s = &self.streams[si];
         (id.0 < s.next_id || id.0 / IDS_PER_CHUNK != s.next_id / IDS_PER_CHUNK).then_some(si)
@@ -483,6 +490,28 @@ impl<W: Write> Writer<W> {
         self.put_id_event(EventCode::Collect, time, domain, id)?;
         self.stats.collects += 1;
         Ok(())
+    }
+
+    /// Format 3: reserve `n` object ids, in whole chunks that no stream of this writer is
+    /// handed, for packets made elsewhere ([`Writer::put_packet`]); the first of them.
+    pub fn reserve_ids(&mut self, n: u64) -> Result<u64> {
+        let chunks = n.div_ceil(IDS_PER_CHUNK);
+        let first = self.global_ids;
+        let end = chunks
+            .checked_mul(IDS_PER_CHUNK)
+            .and_then(|k| first.checked_add(k))
+            .filter(|_| self.version >= 3)
+            .ok_or_else(|| Error::Write(format!("cannot reserve {n} object ids")))?;
+        self.global_ids = end;
+        self.chunk_owner
+            .extend(std::iter::repeat_n(COPIED_CHUNK, chunks as usize));
+        Ok(first)
+    }
+
+    /// Write a whole packet made elsewhere (in a domain, and of ids, that this writer's
+    /// streams do not use: [`Writer::reserve_ids`]).
+    pub fn put_packet(&mut self, bytes: &[u8]) -> Result<()> {
+        self.emit(bytes)
     }
 
     /// Flush the current domain's packet (as the reference's `flush`/`close`) and hand back

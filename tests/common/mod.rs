@@ -543,3 +543,42 @@ pub fn assert_same_events<R1: Read, R2: Read>(
 pub fn bless() -> bool {
     std::env::var_os("BLESS").is_some_and(|v| v == "1")
 }
+
+/// babeltrace2 (when installed, with our CTF description of the trace's format) frames
+/// every packet and event of the trace at `path`.
+pub fn babeltrace_frames(path: &Path) {
+    use std::process::Command;
+    if Command::new("babeltrace2")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("babeltrace2 not installed: framing check skipped");
+        return;
+    }
+    let version = Reader::open(path).unwrap().info().version;
+    let tsdl = Path::new(env!("CARGO_MANIFEST_DIR")).join(if version >= 3 {
+        "tests/tsdl/memtrace-v3.tsdl"
+    } else {
+        "tests/tsdl/memtrace-v2.tsdl"
+    });
+    if !tsdl.exists() {
+        eprintln!("{} missing: framing check skipped", tsdl.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&tsdl, dir.path().join("metadata")).unwrap();
+    std::fs::copy(path, dir.path().join("stream_0")).unwrap();
+    let out = Command::new("babeltrace2")
+        .args(["run", "--component=src:source.ctf.fs"])
+        .arg(format!("--params=inputs=[\"{}\"]", dir.path().display()))
+        .args(["--component=sink:sink.utils.dummy", "--connect=src:sink"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "babeltrace2 rejects {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,347 @@
+//! Copying an input's packets into a format-3 merge with only their headers rewritten: the
+//! survey that says what an input holds and whether it reads cleanly, and the copy itself.
+//!
+//! Why a body can be copied (benches/PERFORMANCE.md, "Copying packet bodies"): the reference
+//! reader keeps a backtrace cache, location tables and a last time per domain, reads event
+//! times against the packet's begin and object ids against the packet's `alloc_id_begin`
+//! (promotes and collects as deltas from the packet's running id). A packet whose domain
+//! is the output domain of its input's domain, whose `alloc_id_begin`/`end` are moved by a
+//! per-input offset and whose pid is the merged trace's reads as in its input, ids moved.
+
+use crate::cancel::Cancel;
+use crate::error::{Error, Result};
+use crate::format::buf::{Cursor, WriteBuf};
+use crate::format::event::{AllocSource, LocationCode};
+use crate::format::location::LocationList;
+use crate::format::packet::{header_size, PacketHeader, MAX_PACKET_SIZE};
+use crate::reader::{EventSink, Reader};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Ids above this are not followed (a format-3 trace's chunks may be sparse): its packets
+/// are then not copied.
+const MAX_SURVEYED_ID: u64 = 1 << 28;
+
+/// What an input holds, read in full as the merge's reader reads it.
+#[derive(Clone, Debug, Default)]
+pub struct Survey {
+    /// Why its packets cannot be copied as they are (None: they can).
+    pub refused: Option<String>,
+    /// Its location codes with their locations, in the order defined.
+    pub locations: Vec<(LocationCode, LocationList)>,
+    pub allocs: u64,
+    pub promotes: u64,
+    pub collects: u64,
+    pub samples: u64,
+    /// One past its highest object id.
+    pub id_end: u64,
+    /// The domains of its packets that hold events.
+    pub domains: Vec<u16>,
+}
+
+/// Object states by id: 0 never allocated, 1 live, 2 live and promoted, 3 collected.
+struct Lives<'a> {
+    state: Vec<u8>,
+    bad: Option<String>,
+    survey: Survey,
+    cancel: &'a Cancel,
+    events: u64,
+}
+
+impl Lives<'_> {
+    fn slot(&mut self, id: u64) -> Option<&mut u8> {
+        if id >= MAX_SURVEYED_ID {
+            self.refuse(format!("object id {id} beyond the ids followed"));
+            return None;
+        }
+        let i = id as usize;
+        if i >= self.state.len() {
+            self.state
+                .resize((i + 1).next_power_of_two().max(1 << 16), 0);
+        }
+        Some(&mut self.state[i])
+    }
+
+    #[cold]
+    fn refuse(&mut self, why: String) {
+        self.bad.get_or_insert(why);
+    }
+
+    /// A promote (`to` 2) or collect (`to` 3) of `id`: of a live object, promoted once.
+    fn follow(&mut self, id: u64, to: u8, what: &str) {
+        let Some(s) = self.slot(id) else { return };
+        let ok = if to == 2 { *s == 1 } else { *s == 1 || *s == 2 };
+        if ok {
+            *s = to;
+        } else {
+            let was = *s;
+            self.refuse(format!("{what} of object {id} in state {was}"));
+        }
+    }
+}
+
+impl EventSink for Lives<'_> {
+    fn location(&mut self, code: LocationCode, locs: &LocationList) {
+        self.survey.locations.push((code, locs.clone()));
+    }
+    fn alloc(
+        &mut self,
+        _time: u64,
+        id: u64,
+        _length: u64,
+        nsamples: u64,
+        _source: AllocSource,
+        _common_prefix: u64,
+        _backtrace: &[crate::format::event::LocationCode],
+        _slots: &[u16],
+    ) {
+        self.survey.allocs += 1;
+        self.survey.samples += nsamples;
+        self.survey.id_end = self.survey.id_end.max(id.saturating_add(1));
+        let Some(s) = self.slot(id) else { return };
+        if *s == 0 {
+            *s = 1;
+        } else {
+            self.refuse(format!("object id {id} allocated twice"));
+        }
+    }
+    fn promote(&mut self, _time: u64, id: u64) {
+        self.events += 1;
+        self.survey.promotes += 1;
+        self.follow(id, 2, "promote");
+    }
+    fn collect(&mut self, _time: u64, id: u64) {
+        self.events += 1;
+        self.survey.collects += 1;
+        self.follow(id, 3, "collect");
+    }
+    /// (the reading stops at the first refusal, and when the merge is cancelled)
+    fn full(&self) -> bool {
+        self.bad.is_some()
+            || (self.events + self.survey.allocs).is_multiple_of(1 << 16)
+                && self.cancel.is_cancelled()
+    }
+}
+
+/// Read `path` (named `name`) in full, every backtrace decoded and every check of the
+/// reader made, and each object followed from its allocation: a survey whose `refused`
+/// says why its packets may not be copied (a warning of the reader, an error, an object
+/// promoted or collected out of turn, a packet that would outgrow the reference's buffer,
+/// the merge cancelled).
+pub fn survey(path: &Path, name: &Path, cancel: &Cancel) -> Result<Survey> {
+    let mut r = Reader::open(path)?;
+    let mut lives = Lives {
+        state: Vec::new(),
+        bad: None,
+        survey: Survey::default(),
+        cancel,
+        events: 0,
+    };
+    let read = r.read_clean(&mut lives)?;
+    let mut s = std::mem::take(&mut lives.survey);
+    s.refused = read.or(lives.bad);
+    if s.refused.is_none() {
+        match packet_walk(path, name, &mut s.domains) {
+            Ok(()) => {}
+            Err(Walk::Refused(why)) => s.refused = Some(why),
+            Err(Walk::Failed(e)) => return Err(e),
+        }
+    }
+    Ok(s)
+}
+
+enum Walk {
+    Refused(String),
+    Failed(Error),
+}
+
+/// The domains of `path`'s packets that hold events; refused when a packet, made format
+/// 3, would be larger than the reference reads, or names ids beyond those followed.
+fn packet_walk(path: &Path, name: &Path, domains: &mut Vec<u16>) -> Result<(), Walk> {
+    let mut p = Packets::open(path, name).map_err(Walk::Failed)?;
+    while let Some((h, body)) = p.next().map_err(Walk::Failed)? {
+        if body.is_empty() {
+            continue;
+        }
+        // (a packet of no allocation may name any id: moved by an offset, none may wrap)
+        if h.alloc_id_end >= MAX_SURVEYED_ID {
+            return Err(Walk::Refused(format!(
+                "a packet at byte {} names ids up to {}, beyond those followed",
+                p.offset(),
+                h.alloc_id_end
+            )));
+        }
+        if header_size(3) + body.len() > MAX_PACKET_SIZE {
+            return Err(Walk::Refused(format!(
+                "a packet of {} bytes at byte {} would be larger than memtrace reads in format 3",
+                h.size,
+                p.offset()
+            )));
+        }
+        if !domains.contains(&h.domain) {
+            domains.push(h.domain);
+        }
+    }
+    Ok(())
+}
+
+/// A trace's packets after its info packet, read in order (a surveyed trace: its headers
+/// are known good).
+struct Packets {
+    file: File,
+    name: PathBuf,
+    buf: Vec<u8>,
+    /// Valid bytes are buf[start..end]; `base`: the file offset of buf[0].
+    start: usize,
+    end: usize,
+    base: u64,
+    /// The file offset of the packet handed out last.
+    at: u64,
+}
+
+impl Packets {
+    fn open(path: &Path, name: &Path) -> Result<Packets> {
+        let file = File::open(path).map_err(|e| Error::input(name, "open", e))?;
+        let mut p = Packets {
+            file,
+            name: name.to_path_buf(),
+            buf: vec![0; 1 << 20],
+            start: 0,
+            end: 0,
+            base: 0,
+            at: 0,
+        };
+        // (the info packet is the merged trace's own)
+        p.next()?;
+        Ok(p)
+    }
+
+    fn offset(&self) -> u64 {
+        self.at
+    }
+
+    /// At least `n` bytes from `start`, unless the file ends first.
+    fn fill(&mut self, n: usize) -> Result<()> {
+        if self.end - self.start >= n {
+            return Ok(());
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.base += self.start as u64;
+        self.end -= self.start;
+        self.start = 0;
+        while self.end < n {
+            match self.file.read(&mut self.buf[self.end..]) {
+                Ok(0) => break,
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::input(&self.name, "read", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The error of a packet that no longer reads as when surveyed.
+    #[cold]
+    fn changed(&self) -> Error {
+        Error::Internal(format!(
+            "{}: the packet at byte {} no longer reads as when surveyed (file changed?)",
+            self.name.display(),
+            self.at
+        ))
+    }
+
+    /// The next packet's header and body; None at the end of the file.
+    fn next(&mut self) -> Result<Option<(PacketHeader, &[u8])>> {
+        self.fill(68)?;
+        if self.start == self.end {
+            return Ok(None);
+        }
+        self.at = self.base + self.start as u64;
+        let h = PacketHeader::parse(&mut Cursor::new(&self.buf[self.start..self.end]))
+            .map_err(|_| self.changed())?;
+        let size = h.size as usize;
+        if size > self.buf.len() {
+            return Err(self.changed());
+        }
+        self.fill(size)?;
+        if self.end - self.start < size {
+            return Err(self.changed());
+        }
+        let body = self.start + header_size(h.version)..self.start + size;
+        self.start += size;
+        Ok(Some((h, &self.buf[body])))
+    }
+}
+
+/// An input whose packets are copied: where its ids and domains go.
+pub struct CopiedInput {
+    pub path: PathBuf,
+    pub name: PathBuf,
+    /// Added to every object id.
+    pub id_offset: u64,
+    /// (input domain, output domain) of each of its domains with events.
+    pub domains: Vec<(u16, u16)>,
+}
+
+/// Copy the packets of `inputs` (each surveyed as copyable) in order of their begin times
+/// (an input's own in file order, ties to the earlier input), each made a format-3 packet
+/// of `pid` in its output domain, ids moved by its offset; each handed to `put` whole.
+pub fn copy_packets(
+    inputs: &[CopiedInput],
+    pid: u64,
+    mut put: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut srcs = Vec::with_capacity(inputs.len());
+    for i in inputs {
+        srcs.push(Packets::open(&i.path, &i.name)?);
+    }
+    let mut out = WriteBuf::with_capacity(MAX_PACKET_SIZE);
+    // the next packet's begin time per input, read ahead by one header
+    let mut next: Vec<Option<u64>> = srcs.iter_mut().map(peek_time).collect::<Result<_>>()?;
+    while let Some(k) = (0..srcs.len())
+        .filter(|&k| next[k].is_some())
+        .min_by_key(|&k| (next[k], k))
+    {
+        let inp = &inputs[k];
+        if let Some((h, body)) = srcs[k].next()? {
+            if !body.is_empty() {
+                let Some(&(_, d)) = inp.domains.iter().find(|(d, _)| *d == h.domain) else {
+                    return Err(Error::Internal(format!(
+                        "{}: a packet of domain {} at byte {}, which the survey did not see",
+                        inp.name.display(),
+                        h.domain,
+                        srcs[k].offset()
+                    )));
+                };
+                out.clear();
+                PacketHeader::start(&mut out, 3, pid, d, h.verifier);
+                out.extend(body);
+                PacketHeader::finish(
+                    &mut out,
+                    3,
+                    h.time_begin,
+                    h.time_end,
+                    h.alloc_id_begin + inp.id_offset,
+                    h.alloc_id_end + inp.id_offset,
+                );
+                put(out.bytes())?;
+            }
+        }
+        next[k] = peek_time(&mut srcs[k])?;
+    }
+    Ok(())
+}
+
+/// The begin time of the packet `p` hands out next; None at its end.
+fn peek_time(p: &mut Packets) -> Result<Option<u64>> {
+    p.fill(68)?;
+    if p.start == p.end {
+        return Ok(None);
+    }
+    // (the header was good when surveyed: its begin time is at bytes 8..16)
+    let b = p.buf.get(p.start + 8..p.start + 16).ok_or_else(|| {
+        Error::Internal(format!("{}: a packet header cut short", p.name.display()))
+    })?;
+    Ok(Some(u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))))
+}
