@@ -1737,3 +1737,94 @@ fn cli_copy_never_overwrites_its_input() {
         .collect();
     assert_eq!(names.len(), 3, "no temporary left: {names:?}");
 }
+
+/// Streams taking turns in shares of one output cache miss their codes again and again:
+/// each code's locations are written once all the same (the reference writer writes them at
+/// every miss, which made most of the bytes of such a merge), and the merge equals its
+/// sources, encoded ahead or not.
+#[test]
+fn each_codes_locations_are_written_once() {
+    const CODES: u64 = 3000;
+    let table: HashMap<LocationCode, LocationList> = (0..CODES)
+        .map(|i| {
+            let l = Location {
+                filename: Arc::from(&b"turns.ml"[..]),
+                line: i as u32 + 1,
+                start_char: 1,
+                end_char: 9,
+                defname: Arc::from(format!("Turns.f{i}").as_bytes()),
+            };
+            (LocationCode(0x10_0000 + i), Arc::from(vec![l]))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let inputs: Vec<PathBuf> = (0..8u64)
+        .map(|k| {
+            let path = dir.path().join(format!("w{k}.ctf"));
+            let start = 1_796_000_000_000_000 + k * 10;
+            let info = TraceInfo {
+                sample_rate: 1e-4,
+                word_size: 64,
+                executable_name: b"/usr/bin/turns".to_vec(),
+                host_name: b"vm".to_vec(),
+                ocaml_runtime_params: b"".to_vec(),
+                pid: 30_000 + k,
+                start_time: Timestamp(start),
+                context: None,
+                initial_domain: DomainId(0),
+                version: 2,
+            };
+            let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+            let opts = WriterOptions {
+                version: 2,
+                lossless: true,
+            };
+            let mut w = Writer::new(f, &info, opts).unwrap();
+            // 15 frames every backtrace shares, then 5 of the 3,000 codes, drawn anew
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ k;
+            for i in 0..6000u64 {
+                let bt: Vec<LocationCode> = (0..20u64)
+                    .map(|j| {
+                        if j < 15 {
+                            return LocationCode(0x10_0000 + j);
+                        }
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        LocationCode(0x10_0000 + x % CODES)
+                    })
+                    .collect();
+                let header = AllocHeader {
+                    time: Timestamp(start + 10 * i),
+                    domain: DomainId(0),
+                    length: 2,
+                    nsamples: 1,
+                    source: AllocSource::Minor,
+                };
+                let id = w
+                    .put_alloc(&header, &bt, |c| table.get(&c).cloned())
+                    .unwrap();
+                w.put_collect(Timestamp(start + 10 * i + 5), DomainId(0), id)
+                    .unwrap();
+            }
+            w.finish().unwrap();
+            path
+        })
+        .collect();
+    for ahead in [Some(true), Some(false)] {
+        let opts = MergeOptions {
+            encode_ahead: ahead,
+            ..MergeOptions::default()
+        };
+        let (_dir, out, report) = merged(&inputs, &opts);
+        assert_eq!(report.encoded_ahead, ahead == Some(true), "{ahead:?}");
+        let mut r = Reader::open(&out).unwrap();
+        while r.next_event().unwrap().is_some() {}
+        let written = r.stats().location_events;
+        assert!(
+            written <= CODES,
+            "{written} location events for {CODES} codes (encoded ahead: {ahead:?})"
+        );
+    }
+    merge_and_compare(&inputs, &MergeOptions::default());
+}

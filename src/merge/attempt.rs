@@ -264,6 +264,8 @@ fn writer(
     w.set_output_path(output);
     if opened.len() > 1 {
         w.set_flush_on_domain_switch(false);
+        // (several inputs taking turns miss the cache more than any of them did alone)
+        w.set_locations_once(true);
     }
     Ok(w)
 }

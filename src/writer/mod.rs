@@ -123,6 +123,9 @@ pub struct Writer<W: Write> {
     stats: WriteStats,
     /// End a trace of nothing but its info packet without an empty packet.
     end_bare: bool,
+    /// The codes whose locations were written, when each is written once
+    /// ([`Writer::set_locations_once`]); None: at every cache miss, as the reference.
+    sent: Option<IntMap<LocationCode, ()>>,
 }
 
 impl<W: Write> Writer<W> {
@@ -156,6 +159,7 @@ impl<W: Write> Writer<W> {
             loc_buf: WriteBuf::with_capacity(MAX_PACKET_SIZE),
             journal: Journal::default(),
             stats: WriteStats::default(),
+            sent: None,
         };
         let mut b = WriteBuf::with_capacity(1024);
         PacketHeader::start(&mut b, w.version, w.pid, domain, dummy_verifier());
@@ -318,10 +322,22 @@ impl<W: Write> Writer<W> {
         self.flush_at(si, now)
     }
 
+    /// Write each code's locations once, before its first use, rather than at every miss of
+    /// the cache as the reference writer does: the reader keeps one table of them per
+    /// trace. A merge of many streams taking turns in one cache misses often, and spent a
+    /// quarter of its time writing locations again (benches/PERFORMANCE.md, "Many inputs").
+    pub fn set_locations_once(&mut self, yes: bool) {
+        self.sent = yes.then(IntMap::default);
+    }
+
     /// Write the stream's pending location packets and its events packet; start a new one.
     fn flush_at(&mut self, si: usize, now: u64) -> Result<()> {
         let version = self.version;
         let pid = self.pid;
+        if let Some(sent) = &mut self.sent {
+            // (marked now: they are written below, before the packet that needs them)
+            (self.streams[si].new_locs).retain(|(c, _)| sent.insert(*c, ()).is_none());
+        }
         let mut i = 0;
         while i < self.streams[si].new_locs.len() {
             let mut b = std::mem::take(&mut self.loc_buf);
