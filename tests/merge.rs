@@ -1747,39 +1747,17 @@ fn each_codes_locations_are_written_once() {
     const CODES: u64 = 3000;
     let table: HashMap<LocationCode, LocationList> = (0..CODES)
         .map(|i| {
-            let l = Location {
-                filename: Arc::from(&b"turns.ml"[..]),
-                line: i as u32 + 1,
-                start_char: 1,
-                end_char: 9,
-                defname: Arc::from(format!("Turns.f{i}").as_bytes()),
-            };
-            (LocationCode(0x10_0000 + i), Arc::from(vec![l]))
+            let l = locs("turns.ml", &format!("Turns.f{i}"), i as u32 + 1);
+            (LocationCode(0x10_0000 + i), l)
         })
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let inputs: Vec<PathBuf> = (0..8u64)
         .map(|k| {
             let path = dir.path().join(format!("w{k}.ctf"));
-            let start = 1_796_000_000_000_000 + k * 10;
-            let info = TraceInfo {
-                sample_rate: 1e-4,
-                word_size: 64,
-                executable_name: b"/usr/bin/turns".to_vec(),
-                host_name: b"vm".to_vec(),
-                ocaml_runtime_params: b"".to_vec(),
-                pid: 30_000 + k,
-                start_time: Timestamp(start),
-                context: None,
-                initial_domain: DomainId(0),
-                version: 2,
-            };
-            let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-            let opts = WriterOptions {
-                version: 2,
-                lossless: true,
-            };
-            let mut w = Writer::new(f, &info, opts).unwrap();
+            // (the processes start together; their events 10 µs apart, the k-th's k µs on)
+            let start = 1_000_000 + k;
+            let mut w = lossless_writer(&path, 2, 30_000 + k, "/usr/bin/turns");
             // 15 frames every backtrace shares, then 5 of the 3,000 codes, drawn anew
             let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ k;
             for i in 0..6000u64 {
