@@ -209,7 +209,9 @@ fn open(
     // (many inputs: each read a window of its packet at a time, as a merge reads them)
     let windowed = names.len() > BUFFERED_STREAMS;
     for (name, path) in names.iter().zip(sources) {
-        let r = open_as(&pool, path, name, windowed)?;
+        let file_size = std::fs::metadata(path).map_or(0, |m| m.len());
+        let window = windowed.then_some(file_size);
+        let r = open_as(&pool, path, name, window)?;
         let info = r.info().clone();
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
             continue;
@@ -234,7 +236,7 @@ fn open(
             context: (info.context.as_deref()).map(|c| String::from_utf8_lossy(c).into_owned()),
             sample_rate: info.sample_rate,
             start_us: info.start_time.0,
-            file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
+            file_size,
             bytes_per_sample,
             ..ProcessState::default()
         });
@@ -250,7 +252,7 @@ fn open(
             }
             let mut r = match first.take() {
                 Some(r) => r,
-                None => open_as(&pool, path, name, windowed)?,
+                None => open_as(&pool, path, name, window)?,
             };
             if info.version >= 3 {
                 r.set_domain_filter(Some(d));
@@ -276,25 +278,24 @@ fn open(
     Ok((processes, streams))
 }
 
-/// A reader of `source`, which messages name `name` (a spooled pipe by its own name).
+/// A reader of `source`, which messages name `name` (a spooled pipe by its own name),
+/// reading a window at a time when given the file's length (`window`).
 /// (Files are opened lazily under a budget of descriptors, as a merge's are, so that as
 /// many inputs as a merge takes can be analysed under a small `ulimit -n`.)
 fn open_as(
     pool: &FilePool,
     source: &std::path::Path,
     name: &std::path::Path,
-    windowed: bool,
+    window: Option<u64>,
 ) -> Result<Reader<LazyFile>> {
     let f = pool
         .open(source)
         .map_err(|e| Error::input(name, "open", e))?;
-    if !windowed {
-        return Reader::new(f, &name.display().to_string());
+    let name = name.display().to_string();
+    match window {
+        Some(file_len) => Reader::windowed(f, &name, READ_WINDOW, file_len),
+        None => Reader::new(f, &name),
     }
-    let len = std::fs::metadata(source).map_or(0, |m| m.len());
-    let mut r = Reader::with_buffer(f, &name.display().to_string(), READ_WINDOW)?;
-    r.set_window(READ_WINDOW, len);
-    Ok(r)
 }
 
 /// The pass over `inputs`.

@@ -162,7 +162,7 @@ struct Shared {
     listed: Vec<AtomicBool>,
     /// Per worker: its streams not ended yet.
     unfinished: Vec<AtomicUsize>,
-    /// A reader's buffer (smaller with many streams).
+    /// A reader's buffer, unless windowed (smaller with more streams).
     read_bytes: usize,
     hooks: Hooks,
     /// Keeps the decoding threads off the merging thread's CPU.
@@ -309,10 +309,7 @@ impl Decoder {
             queued: AtomicUsize::new(0),
             listed: (0..streams.len()).map(|_| AtomicBool::new(true)).collect(),
             unfinished: (0..n).map(|_| AtomicUsize::new(0)).collect(),
-            read_bytes: match nstreams > BUFFERED_STREAMS {
-                true => READ_WINDOW,
-                false => (READ_AHEAD / nstreams).clamp(8 << 10, 64 << 10),
-            },
+            read_bytes: (READ_AHEAD / nstreams).clamp(8 << 10, 64 << 10),
             hooks,
             placement,
         });
@@ -739,14 +736,17 @@ fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
     let reader = pool
         .open(&s.path)
         .map_err(|e| crate::error::Error::input(&s.name, "open", e))
-        .and_then(|f| Reader::with_buffer(f, &s.name.display().to_string(), sh.read_bytes));
+        .and_then(|f| {
+            let name = s.name.display().to_string();
+            match sh.windowed {
+                true => Reader::windowed(f, &name, READ_WINDOW, s.size),
+                false => Reader::with_buffer(f, &name, sh.read_bytes),
+            }
+        });
     let reader = match reader {
         Ok(mut r) => {
             r.set_domain_filter(s.domain);
             r.set_keep_slots(sh.hints || s.encoded_ahead());
-            if sh.windowed {
-                r.set_window(READ_WINDOW, s.size);
-            }
             Some(r)
         }
         Err(e) => {

@@ -75,7 +75,7 @@ pub struct Reader<R> {
     buf: Vec<u8>,
     /// The buffer's first size, and the least it grows by.
     chunk: usize,
-    /// Read packets whole in the file this many bytes at a time ([`Reader::set_window`]).
+    /// Read packets whole in the file this many bytes at a time ([`Reader::windowed`]).
     window: Option<usize>,
     file_len: u64,
     /// The current packet is read a window at a time (and not all of it is in `buf`).
@@ -294,17 +294,17 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    /// Read packets whole in the file `window` bytes at a time rather than whole, the
-    /// file being `file_len` bytes long (a packet past it is read whole, as without a
-    /// window), its caches in sparse tables: a merge of thousands of inputs holds a
-    /// reader, and so a buffer and a cache, per input.
-    pub(crate) fn set_window(&mut self, window: usize, file_len: u64) {
-        self.window = Some(window.clamp(256, 1 << 16));
-        self.file_len = file_len;
-        // (and its caches in sparse tables: a merge that holds many readers)
-        for d in &mut self.domains {
-            d.cache.sparse(true);
-        }
+    /// [`Reader::new`], reading packets whole in the file `window` bytes at a time rather
+    /// than whole, the file being `file_len` bytes long (a packet past it is read whole,
+    /// as without a window), its caches in sparse tables: a merge of thousands of inputs
+    /// holds a reader, and so a buffer and a cache, per input.
+    pub(crate) fn windowed(src: R, name: &str, window: usize, file_len: u64) -> Result<Self> {
+        let mut r = Self::with_buffer(src, name, window)?;
+        // (set before any packet after the info one: each domain's cache is made sparse
+        // as it is met)
+        r.window = Some(window.clamp(256, 1 << 16));
+        r.file_len = file_len;
+        Ok(r)
     }
 
     /// Read up to `max` events into `sink` (with the codes location events define, each

@@ -43,13 +43,14 @@ impl EventSink for Record {
 }
 
 fn read(bytes: &[u8], window: Option<usize>, domain: Option<u16>) -> Vec<String> {
-    let mut r = match Reader::with_buffer(bytes, "t", window.unwrap_or(1 << 16)) {
+    let r = match window {
+        Some(w) => Reader::windowed(bytes, "t", w, bytes.len() as u64),
+        None => Reader::new(bytes, "t"),
+    };
+    let mut r = match r {
         Ok(r) => r,
         Err(e) => return vec![format!("open: {e}")],
     };
-    if let Some(w) = window {
-        r.set_window(w, bytes.len() as u64);
-    }
     r.set_domain_filter(domain);
     let mut rec = Record::default();
     let end = loop {

@@ -56,10 +56,7 @@ impl ReaderTables {
     /// Dense tables: a directory's load a frame saved (sparse ones made the merge of
     /// `fork/`, whose streams stay sparse, 4% slower).
     pub(super) fn dense() -> Self {
-        ReaderTables::Dense(Dense {
-            loc: super::table_of(EMPTY),
-            pred: super::table_of(0),
-        })
+        ReaderTables::Dense(Dense::empty())
     }
 }
 
@@ -89,10 +86,7 @@ impl ReaderTables {
     pub(super) fn settle(&mut self) {
         if let ReaderTables::Sparse(s) = self {
             if s.pages.len() > MOST_PAGES {
-                let mut d = Dense {
-                    loc: super::table_of(EMPTY),
-                    pred: super::table_of(0),
-                };
+                let mut d = Dense::empty();
                 for (k, &p) in s.dir.iter().enumerate() {
                     let page = &s.pages[p as usize];
                     d.loc[k * PAGE..(k + 1) * PAGE].copy_from_slice(&page.loc);
@@ -106,6 +100,16 @@ impl ReaderTables {
     #[cfg(test)]
     pub(super) fn is_dense(&self) -> bool {
         matches!(self, ReaderTables::Dense(_))
+    }
+}
+
+impl Dense {
+    /// Every entry empty, every prediction 0.
+    fn empty() -> Dense {
+        Dense {
+            loc: super::table_of(EMPTY),
+            pred: super::table_of(0),
+        }
     }
 }
 
@@ -168,10 +172,7 @@ mod tests {
     #[test]
     fn sparse_reads_as_dense() {
         let mut s = ReaderTables::default();
-        let mut d = Dense {
-            loc: super::super::table_of(EMPTY),
-            pred: super::super::table_of(0),
-        };
+        let mut d = Dense::empty();
         let mut x = 7u64;
         for n in 0..3000 {
             x = x
