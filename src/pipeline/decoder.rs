@@ -298,10 +298,11 @@ impl Decoder {
             hints: nstreams <= HINTED_STREAMS,
             windowed: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
-            // (every stream wants its first batch)
+            // (every stream wants its first batch; with few, none is ever listed)
             todo: (0..n)
                 .map(|w| {
-                    let mine = (0..streams.len()).filter(|&i| owner[i] == w);
+                    let listing = streams.len() > SCANNED_STREAMS;
+                    let mine = (0..streams.len()).filter(|&i| listing && owner[i] == w);
                     Mutex::new(mine.map(|i| Reverse((0, i))).collect())
                 })
                 .collect(),
