@@ -3,11 +3,11 @@
 
 use super::{CACHE_SIZE, EMPTY};
 
-/// Entries a page of the sparse tables holds.
-const PAGE: usize = 16;
-const PAGES: usize = CACHE_SIZE / PAGE;
-/// Pages in use past which the tables turn dense: a quarter of the dense tables' memory.
-const MOST_PAGES: usize = CACHE_SIZE * (8 + 2) / 4 / std::mem::size_of::<Page>();
+/// Slots a sparse table starts with.
+const FIRST_SLOTS: usize = 16;
+/// Entries in use past which the tables turn dense: their slots then take a fifth of the
+/// dense tables' memory.
+const MOST_ENTRIES: usize = CACHE_SIZE * (8 + 2) / 5 / (2 * std::mem::size_of::<Slot>());
 
 /// The cache's codes (EMPTY where no miss ever filled them) and predictions, as the
 /// decoder reads and writes them.
@@ -25,24 +25,28 @@ pub(super) struct Dense {
     pred: Box<[u16; CACHE_SIZE]>,
 }
 
-/// Only the pages of entries ever written, found through a directory.
+/// Only the entries ever written, in an open-addressed table at most half full: the few
+/// dozen entries a small trace touches fit in a kilobyte.
 #[derive(Clone)]
 pub(super) struct Sparse {
-    /// Each page's place in `pages`; 0, the blank page (never written), for a page not
-    /// written yet.
-    dir: Box<[u16; PAGES]>,
-    pages: Vec<Page>,
+    /// A power of two long; linear probing from an entry's hash.
+    slots: Box<[Slot]>,
+    used: usize,
 }
 
+/// One written entry.
 #[derive(Clone, Copy)]
-struct Page {
-    loc: [u64; PAGE],
-    pred: [u16; PAGE],
+struct Slot {
+    /// The entry's index plus one; 0 for a free slot.
+    key: u16,
+    pred: u16,
+    loc: u64,
 }
 
-const BLANK: Page = Page {
-    loc: [EMPTY; PAGE],
-    pred: [0; PAGE],
+const FREE: Slot = Slot {
+    key: 0,
+    pred: 0,
+    loc: EMPTY,
 };
 
 /// A reader's tables: dense, or sparse first when asked for.
@@ -53,8 +57,8 @@ pub(super) enum ReaderTables {
 }
 
 impl ReaderTables {
-    /// Dense tables: a directory's load a frame saved (sparse ones made the merge of
-    /// `fork/`, whose streams stay sparse, 4% slower).
+    /// Dense tables: no probing a frame (sparse ones made the merge of `fork/`, whose
+    /// streams stay sparse, 4% slower).
     pub(super) fn dense() -> Self {
         ReaderTables::Dense(Dense::empty())
     }
@@ -63,11 +67,8 @@ impl ReaderTables {
 impl Default for ReaderTables {
     fn default() -> Self {
         ReaderTables::Sparse(Sparse {
-            dir: vec![0; PAGES]
-                .into_boxed_slice()
-                .try_into()
-                .unwrap_or_else(|_| unreachable!()),
-            pages: vec![BLANK],
+            slots: vec![FREE; FIRST_SLOTS].into_boxed_slice(),
+            used: 0,
         })
     }
 }
@@ -81,16 +82,16 @@ impl ReaderTables {
         }
     }
 
-    /// Turn dense once the sparse tables have grown past a quarter of the dense ones'
-    /// memory (their directory is then one more load a frame for little saved).
+    /// Turn dense once the sparse tables hold more than a few thousand entries (probing
+    /// then costs more than it saves).
     pub(super) fn settle(&mut self) {
         if let ReaderTables::Sparse(s) = self {
-            if s.pages.len() > MOST_PAGES {
+            if s.used > MOST_ENTRIES {
                 let mut d = Dense::empty();
-                for (k, &p) in s.dir.iter().enumerate() {
-                    let page = &s.pages[p as usize];
-                    d.loc[k * PAGE..(k + 1) * PAGE].copy_from_slice(&page.loc);
-                    d.pred[k * PAGE..(k + 1) * PAGE].copy_from_slice(&page.pred);
+                for slot in s.slots.iter().filter(|s| s.key != 0) {
+                    let i = slot.key as usize - 1;
+                    d.loc[i] = slot.loc;
+                    d.pred[i] = slot.pred;
                 }
                 *self = ReaderTables::Dense(d);
             }
@@ -133,34 +134,65 @@ impl Tables for Dense {
 }
 
 impl Sparse {
-    /// The page of entry `i`, made (copied from the blank one) if not written yet.
+    /// The slot where entry `i` is, or the free slot where it would go.
     #[inline(always)]
-    fn page_mut(&mut self, i: usize) -> &mut Page {
-        let d = &mut self.dir[i / PAGE];
-        if *d == 0 {
-            *d = self.pages.len() as u16;
-            self.pages.push(BLANK);
+    fn find(&self, i: usize) -> usize {
+        let mask = self.slots.len() - 1;
+        // (Fibonacci hashing: entries next to each other land apart)
+        let mut k = ((i as u32).wrapping_mul(0x9E37_79B1) >> 16) as usize & mask;
+        let key = i as u16 + 1;
+        loop {
+            let s = self.slots[k].key;
+            if s == key || s == 0 {
+                return k;
+            }
+            k = (k + 1) & mask;
         }
-        &mut self.pages[*d as usize]
+    }
+
+    /// Entry `i`'s slot, made if not written yet.
+    #[inline(always)]
+    fn slot_mut(&mut self, i: usize) -> &mut Slot {
+        let mut k = self.find(i);
+        if self.slots[k].key == 0 {
+            if 2 * (self.used + 1) > self.slots.len() {
+                self.grow();
+                k = self.find(i);
+            }
+            self.used += 1;
+            self.slots[k].key = i as u16 + 1;
+        }
+        &mut self.slots[k]
+    }
+
+    /// Twice the slots, every entry placed again.
+    #[cold]
+    fn grow(&mut self) {
+        let twice = vec![FREE; self.slots.len() * 2].into_boxed_slice();
+        let old = std::mem::replace(&mut self.slots, twice);
+        for s in old.iter().filter(|s| s.key != 0) {
+            let k = self.find(s.key as usize - 1);
+            self.slots[k] = *s;
+        }
     }
 }
 
 impl Tables for Sparse {
     #[inline(always)]
     fn loc(&self, i: usize) -> u64 {
-        self.pages[self.dir[i / PAGE] as usize].loc[i % PAGE]
+        self.slots[self.find(i)].loc
     }
     #[inline(always)]
     fn set_loc(&mut self, i: usize, v: u64) {
-        self.page_mut(i).loc[i % PAGE] = v;
+        self.slot_mut(i).loc = v;
     }
     #[inline(always)]
     fn pred(&self, i: usize) -> u16 {
-        self.pages[self.dir[i / PAGE] as usize].pred[i % PAGE]
+        self.slots[self.find(i)].pred
     }
     #[inline(always)]
     fn set_pred(&mut self, i: usize, v: u16) {
-        self.page_mut(i).pred[i % PAGE] = v;
+        self.slot_mut(i).pred = v;
     }
 }
 
@@ -204,7 +236,8 @@ mod tests {
             for i in [0, 5, 16, 16383] {
                 sp.set_loc(i, 42 + i as u64);
             }
-            assert_eq!(sp.pages.len(), 4, "the blank page and three written");
+            assert_eq!(sp.used, 4);
+            assert_eq!(sp.slots.len(), 16, "four entries in sixteen slots");
         }
         s.settle();
         assert!(!s.is_dense());
