@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 const INPUTS: usize = 1000;
 const ALLOCS_PER_INPUT: u64 = 300;
-/// Peak resident set allowed for the merge. Past 256 inputs each reader holds a 4 KiB window
-/// of its packet, sparse cache tables and a batch or two of a few dozen events: about
-/// 50 MiB for these 1,000 inputs (it was 220 MiB while every input had a 64 KiB buffer and
-/// 160 KiB of cache tables). The bound catches a table or buffer per input of that size.
-const MAX_RSS_KIB: u64 = 96 * 1024;
+/// Peak resident set allowed for the merge. Past 256 inputs each reader holds a 1 KiB window
+/// of its packet, the cache entries it used in a small hash table, location lists shared
+/// with the other readers and a batch or two of a few dozen events: about 37 MiB for these
+/// 1,000 inputs (50 MiB with 4 KiB windows and paged tables; 220 MiB while every input had
+/// a 64 KiB buffer and 160 KiB of cache tables). The bound catches 27 KiB more per input.
+const MAX_RSS_KIB: u64 = 64 * 1024;
 /// The same for the analysis, which also keeps a tree of backtraces per process (about
-/// 115 MiB here, 260 MiB while each input had a 64 KiB buffer and dense cache tables).
+/// 105 MiB here, 260 MiB while each input had a 64 KiB buffer and dense cache tables).
 const MAX_TOP_RSS_KIB: u64 = 256 * 1024;
 
 fn bin() -> &'static str {

@@ -100,6 +100,27 @@ pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 /// Every code's locations, as defined by a trace's location events.
 pub type LocationTable = IntMap<LocationCode, LocationList>;
 
+/// Location lists shared by the readers of one merge: inputs of one executable define
+/// the same codes alike, and a merge of thousands of them would hold thousands of copies.
+#[derive(Default)]
+pub(crate) struct LocationPool {
+    lists: std::sync::Mutex<std::collections::HashSet<LocationList>>,
+}
+
+impl LocationPool {
+    /// The pool's list equal to `locs`, which joins the pool if none is.
+    pub(crate) fn intern(&self, locs: &LocationList) -> LocationList {
+        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        match lists.get(locs) {
+            Some(l) => l.clone(),
+            None => {
+                lists.insert(locs.clone());
+                locs.clone()
+            }
+        }
+    }
+}
+
 /// Number of entries in a move-to-front table; code 31 means "new string follows".
 const MTF_LEN: usize = 31;
 const MTF_NEW: u8 = 31;

@@ -7,6 +7,7 @@ pub(crate) use super::batch::{
 };
 use super::fill::{fill, DecState, DecodeReport};
 pub(crate) use super::fill::{Encoder, TAG_FRAME, THINNED_OUT};
+use crate::format::location::LocationPool;
 use crate::pipeline::files::FilePool;
 use crate::pipeline::placement::Placement;
 use crate::pipeline::share::ShareOf;
@@ -144,8 +145,9 @@ struct Shared {
     batch_frames: usize,
     /// Batches carry hints (but for streams encoded ahead, which always use them).
     hints: bool,
-    /// Readers read their packets a window at a time rather than whole.
-    windowed: bool,
+    /// Readers read their packets a window at a time rather than whole (past
+    /// [`BUFFERED_STREAMS`]): the location lists they share.
+    locations: Option<Arc<LocationPool>>,
     /// Batches queued per stream ahead of the consumer: [`DEPTH`], fewer with many
     /// streams, whose batches would otherwise hold most of the merge's memory.
     depth: usize,
@@ -229,7 +231,7 @@ const HINTED_STREAMS: usize = 256;
 /// of it ([`READ_WINDOW`]).
 pub(crate) const BUFFERED_STREAMS: usize = 256;
 /// Bytes of a packet a reader holds at once past [`BUFFERED_STREAMS`] streams.
-pub(crate) const READ_WINDOW: usize = 4096;
+pub(crate) const READ_WINDOW: usize = 1024;
 /// Bytes read ahead of the readers in all, past which each reader's buffer is smaller.
 const READ_AHEAD: usize = 8 << 20;
 
@@ -296,7 +298,7 @@ impl Decoder {
             batch_events: (131_072 / nstreams).clamp(32, most_events),
             batch_frames: (FRAMES_QUEUED / nstreams).clamp(256, BATCH_FRAMES),
             hints: nstreams <= HINTED_STREAMS,
-            windowed: nstreams > BUFFERED_STREAMS,
+            locations: (nstreams > BUFFERED_STREAMS).then(Default::default),
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
             // (every stream wants its first batch; with few, none is ever listed)
             todo: (0..n)
@@ -739,9 +741,12 @@ fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
         .map_err(|e| crate::error::Error::input(&s.name, "open", e))
         .and_then(|f| {
             let name = s.name.display().to_string();
-            match sh.windowed {
-                true => Reader::windowed(f, &name, READ_WINDOW, s.size),
-                false => Reader::with_buffer(f, &name, sh.read_bytes),
+            match &sh.locations {
+                Some(lp) => Reader::windowed(f, &name, READ_WINDOW, s.size).map(|mut r| {
+                    r.share_locations(lp.clone());
+                    r
+                }),
+                None => Reader::with_buffer(f, &name, sh.read_bytes),
             }
         });
     let reader = match reader {

@@ -15,11 +15,12 @@ pub use scan::{scan_domains, scan_packets, PacketScan, MAX_MERGE_DOMAINS};
 use crate::format::backtrace::CacheReader;
 use crate::format::event::{Alloc, DomainId, Event, ObjId, Timestamp};
 use crate::format::info::TraceInfo;
-use crate::format::location::{IntMap, LocationCodec, LocationList, LocationTable};
+use crate::format::location::{IntMap, LocationCodec, LocationList, LocationPool, LocationTable};
 use crate::format::packet::PacketHeader;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Something the reader skipped or tolerated, with where it happened.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,6 +100,8 @@ pub struct Reader<R> {
     /// Last event time of the whole trace (formats 1-2 check it globally).
     last_time: u64,
     locations: LocationTable,
+    /// Where its location lists are kept, when shared with other readers.
+    pool: Option<Arc<LocationPool>>,
     /// Codes defined since the last event was handed out.
     new_codes: Vec<crate::format::event::LocationCode>,
     parse_backtraces: bool,
@@ -169,6 +172,7 @@ impl<R: Read> Reader<R> {
             alloc_id: 0,
             last_time: 0,
             locations: LocationTable::default(),
+            pool: None,
             new_codes: Vec::new(),
             parse_backtraces: true,
             keep_slots: false,
@@ -305,6 +309,12 @@ impl<R: Read> Reader<R> {
         r.window = Some(window.clamp(256, 1 << 16));
         r.file_len = file_len;
         Ok(r)
+    }
+
+    /// Keep the location lists it reads in `pool`, one copy of each for all the readers
+    /// that share it.
+    pub(crate) fn share_locations(&mut self, pool: Arc<LocationPool>) {
+        self.pool = Some(pool);
     }
 
     /// Read up to `max` events into `sink` (with the codes location events define, each

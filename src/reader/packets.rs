@@ -366,6 +366,7 @@ impl<R: Read> Reader<R> {
             self.window_for_event()?;
         }
         let at = self.pkt_pos;
+        let defined = self.new_codes.len();
         let mut c = Cursor::new(&self.buf[self.pkt_pos..self.pkt_end.min(self.end)]);
         let r = read_event_body(
             &mut c,
@@ -378,6 +379,9 @@ impl<R: Read> Reader<R> {
             self.parse_backtraces,
         );
         let used = c.pos();
+        if self.new_codes.len() > defined {
+            self.pool_locations(defined);
+        }
         match r {
             Ok(p) => {
                 self.pkt_pos += used;
@@ -391,6 +395,20 @@ impl<R: Read> Reader<R> {
             // Errors name the offset of the event they are about.
             Err(Malformed::Truncated { .. }) => Err(self.err_at(at, Malformed::EventOverrun)),
             Err(what) => Err(self.err_at(at, what)),
+        }
+    }
+
+    /// The codes defined from `new_codes[from]` on: their lists the pool's copies, if the
+    /// reader shares a pool.
+    #[cold]
+    #[inline(never)]
+    fn pool_locations(&mut self, from: usize) {
+        if let Some(pool) = &self.pool {
+            for code in &self.new_codes[from..] {
+                if let Some(l) = self.locations.get_mut(code) {
+                    *l = pool.intern(l);
+                }
+            }
         }
     }
 

@@ -174,3 +174,43 @@ fn a_window_reads_damaged_traces_alike() {
         );
     }
 }
+
+/// Readers sharing a pool hold one copy of each location list: of one trace read twice,
+/// every list is the other reader's, and reading is otherwise unchanged.
+#[test]
+fn readers_sharing_a_pool_share_their_location_lists() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ctf"))
+        .collect();
+    paths.sort();
+    let bytes = std::fs::read(&paths[0]).unwrap();
+    let pool = Arc::new(LocationPool::default());
+    let read_in = |pool: Option<&Arc<LocationPool>>| {
+        let mut r = Reader::windowed(&bytes[..], "t", 1024, bytes.len() as u64).unwrap();
+        if let Some(p) = pool {
+            r.share_locations(p.clone());
+        }
+        let mut rec = Record::default();
+        while r.read_events(&mut rec, 64).unwrap() {}
+        (r.locations().clone(), rec.0)
+    };
+    let (a, ra) = read_in(Some(&pool));
+    let (b, rb) = read_in(Some(&pool));
+    let (c, rc) = read_in(None);
+    assert!(a.len() >= 20, "{} codes", a.len());
+    same(&ra, &rc, "pooled against not");
+    same(&rb, &rc, "pooled again against not");
+    for (code, l) in &a {
+        assert!(Arc::ptr_eq(l, &b[code]), "code {:x}: one list", code.0);
+        assert!(
+            !Arc::ptr_eq(l, &c[code]),
+            "code {:x}: a reader of its own",
+            code.0
+        );
+        assert_eq!(**l, *c[code]);
+    }
+}
