@@ -7,6 +7,7 @@ use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
+use crate::format::location::LocationPool;
 use crate::merge::live::LiveObjects;
 use crate::pipeline::decoder::{BUFFERED_STREAMS, READ_WINDOW};
 use crate::pipeline::files::{FilePool, LazyFile};
@@ -14,6 +15,7 @@ use crate::reader::{scan_domains, Reader};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Events decoded from a stream at a time, at most (fewer when there are many streams, so
 /// that the batches in flight, two a stream, stay within a few MiB).
@@ -206,11 +208,12 @@ fn open(
     let mut processes = Vec::new();
     let mut streams = Vec::new();
     let pool = FilePool::from_rlimit_share(1);
-    // (many inputs: each read a window of its packet at a time, as a merge reads them)
-    let windowed = names.len() > BUFFERED_STREAMS;
+    // (many inputs: each read a window of its packet at a time, their location lists
+    // shared, as a merge reads them)
+    let locations = (names.len() > BUFFERED_STREAMS).then(Arc::<LocationPool>::default);
     for (name, path) in names.iter().zip(sources) {
         let file_size = std::fs::metadata(path).map_or(0, |m| m.len());
-        let window = windowed.then_some(file_size);
+        let window = locations.as_ref().map(|l| (file_size, l));
         let r = open_as(&pool, path, name, window)?;
         let info = r.info().clone();
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
@@ -279,21 +282,24 @@ fn open(
 }
 
 /// A reader of `source`, which messages name `name` (a spooled pipe by its own name),
-/// reading a window at a time when given the file's length (`window`).
+/// reading a window at a time when given the file's length and the pool of location lists
+/// its readers share (`window`).
 /// (Files are opened lazily under a budget of descriptors, as a merge's are, so that as
 /// many inputs as a merge takes can be analysed under a small `ulimit -n`.)
 fn open_as(
     pool: &FilePool,
     source: &std::path::Path,
     name: &std::path::Path,
-    window: Option<u64>,
+    window: Option<(u64, &Arc<LocationPool>)>,
 ) -> Result<Reader<LazyFile>> {
     let f = pool
         .open(source)
         .map_err(|e| Error::input(name, "open", e))?;
     let name = name.display().to_string();
     match window {
-        Some(file_len) => Reader::windowed(f, &name, READ_WINDOW, file_len),
+        Some((file_len, locations)) => {
+            Reader::windowed(f, &name, READ_WINDOW, file_len, locations.clone())
+        }
         None => Reader::new(f, &name),
     }
 }

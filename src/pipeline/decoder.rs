@@ -742,10 +742,7 @@ fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
         .and_then(|f| {
             let name = s.name.display().to_string();
             match &sh.locations {
-                Some(lp) => Reader::windowed(f, &name, READ_WINDOW, s.size).map(|mut r| {
-                    r.share_locations(lp.clone());
-                    r
-                }),
+                Some(lp) => Reader::windowed(f, &name, READ_WINDOW, s.size, lp.clone()),
                 None => Reader::with_buffer(f, &name, sh.read_bytes),
             }
         });

@@ -300,21 +300,23 @@ impl<R: Read> Reader<R> {
 
     /// [`Reader::new`], reading packets whole in the file `window` bytes at a time rather
     /// than whole, the file being `file_len` bytes long (a packet past it is read whole,
-    /// as without a window), its caches in sparse tables: a merge of thousands of inputs
-    /// holds a reader, and so a buffer and a cache, per input.
-    pub(crate) fn windowed(src: R, name: &str, window: usize, file_len: u64) -> Result<Self> {
+    /// as without a window), its caches in sparse tables, its location lists kept in
+    /// `locations` (one copy of each for all the readers that share it): a merge of
+    /// thousands of inputs holds a reader, and so a buffer and a cache, per input.
+    pub(crate) fn windowed(
+        src: R,
+        name: &str,
+        window: usize,
+        file_len: u64,
+        locations: Arc<LocationPool>,
+    ) -> Result<Self> {
         let mut r = Self::with_buffer(src, name, window)?;
+        r.pool = Some(locations);
         // (set before any packet after the info one: each domain's cache is made sparse
         // as it is met)
         r.window = Some(window.clamp(256, 1 << 16));
         r.file_len = file_len;
         Ok(r)
-    }
-
-    /// Keep the location lists it reads in `pool`, one copy of each for all the readers
-    /// that share it.
-    pub(crate) fn share_locations(&mut self, pool: Arc<LocationPool>) {
-        self.pool = Some(pool);
     }
 
     /// Read up to `max` events into `sink` (with the codes location events define, each

@@ -44,7 +44,7 @@ impl EventSink for Record {
 
 fn read(bytes: &[u8], window: Option<usize>, domain: Option<u16>) -> Vec<String> {
     let r = match window {
-        Some(w) => Reader::windowed(bytes, "t", w, bytes.len() as u64),
+        Some(w) => Reader::windowed(bytes, "t", w, bytes.len() as u64, Default::default()),
         None => Reader::new(bytes, "t"),
     };
     let mut r = match r {
@@ -179,28 +179,21 @@ fn a_window_reads_damaged_traces_alike() {
 /// every list is the other reader's, and reading is otherwise unchanged.
 #[test]
 fn readers_sharing_a_pool_share_their_location_lists() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(root)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ctf"))
-        .collect();
-    paths.sort();
-    let bytes = std::fs::read(&paths[0]).unwrap();
+    let path = traces()
+        .into_iter()
+        .find(|p| p.ends_with("fork/child-1.ctf"));
+    let bytes = std::fs::read(path.expect("tests/data/fork/child-1.ctf")).unwrap();
     let pool = Arc::new(LocationPool::default());
-    let read_in = |pool: Option<&Arc<LocationPool>>| {
-        let mut r = Reader::windowed(&bytes[..], "t", 1024, bytes.len() as u64).unwrap();
-        if let Some(p) = pool {
-            r.share_locations(p.clone());
-        }
+    let read_in = |pool: &Arc<LocationPool>| {
+        let mut r =
+            Reader::windowed(&bytes[..], "t", 1024, bytes.len() as u64, pool.clone()).unwrap();
         let mut rec = Record::default();
         while r.read_events(&mut rec, 64).unwrap() {}
         (r.locations().clone(), rec.0)
     };
-    let (a, ra) = read_in(Some(&pool));
-    let (b, rb) = read_in(Some(&pool));
-    let (c, rc) = read_in(None);
+    let (a, ra) = read_in(&pool);
+    let (b, rb) = read_in(&pool);
+    let (c, rc) = read_in(&Default::default());
     assert!(a.len() >= 20, "{} codes", a.len());
     same(&ra, &rc, "pooled against not");
     same(&rb, &rc, "pooled again against not");
