@@ -248,3 +248,30 @@ fn an_unwritable_output_is_refused_before_any_work() {
         assert!(err.contains("/nonexistent-dir/out"), "{cmd}: {err}");
     }
 }
+
+/// Outputs do not depend on the decoding threads' timing: the same inputs give the same
+/// bytes run after run (a pprof profile lists its samples in the order of the cells, which
+/// the threads number as they meet them).
+#[test]
+fn outputs_are_the_same_run_after_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut profiles = Vec::new();
+    let mut folded = Vec::new();
+    for k in 0..4 {
+        let out = dir.path().join(format!("p{k}.pb.gz"));
+        let o = out.display().to_string();
+        stdout(&["export", "-o", &o, &fork()]);
+        profiles.push(std::fs::read(&out).unwrap());
+        folded.push(stdout(&[
+            "flamegraph",
+            "--folded",
+            "--mode",
+            "alloc",
+            "-o",
+            "-",
+            &fork(),
+        ]));
+    }
+    assert!(profiles.iter().all(|p| p == &profiles[0]));
+    assert!(folded.iter().all(|f| f == &folded[0]));
+}

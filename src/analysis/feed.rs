@@ -1,7 +1,7 @@
 //! An analysis's streams decoded a batch ahead on a thread of their own, their backtraces
 //! interned there, so that the pass (on the caller's thread) only replays events.
 
-use super::sites::{define, Path, Tree};
+use super::sites::{cell_key, define, CellTable, Path, Tree};
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
@@ -95,14 +95,18 @@ pub(crate) struct Allocated {
 
 /// A stream as the decoding thread reads it.
 struct Decoding {
+    /// Its index among the analysis's streams.
+    stream: u32,
     process: u32,
     domain: u16,
     reader: Option<Reader<LazyFile>>,
     counting: Counting,
     path: Path,
-    /// The last allocation's (node, source, cell id, its index in the tree): most follow
-    /// one of the same site.
-    last: Option<(u32, AllocSource, u32, u32)>,
+    /// Its cells by key.
+    cells: CellTable,
+    /// The last allocation's (cell key, cell id, its index in the tree): most follow one
+    /// of the same site.
+    last: Option<(u128, u32, u32)>,
 }
 
 /// Hands a stream's events to a batch, its backtraces interned in the tree.
@@ -131,17 +135,26 @@ impl EventSink for Sink<'_> {
         _slots: &[u16],
     ) {
         let s = &mut *self.s;
-        // (every backtrace is interned: the next one's common prefix is with this one)
-        let node = (self.tree).intern(s.process, &mut s.path, common_prefix as usize, backtrace);
+        // (every backtrace is taken in: the next one's common prefix is with this one)
+        let fp = s.path.fingerprint(common_prefix as usize, backtrace);
         let c = s.counting;
         if !c.keeps(source, length * c.word_bytes) {
             return;
         }
+        let key = cell_key(fp, source);
         let (cell, local) = match s.last {
-            Some((n, src, id, local)) if n == node && src == source => (id, local),
+            Some((k, id, local)) if k == key => (id, local),
             _ => {
-                let (id, local) = self.tree.cell(node, s.domain, source);
-                s.last = Some((node, source, id, local));
+                let (id, local) = match s.cells.get(&key) {
+                    Some(&v) => v,
+                    None => {
+                        let node = self.tree.intern(s.process, &s.path, backtrace);
+                        let v = self.tree.new_cell(node, s.domain, source, s.stream);
+                        s.cells.insert(key, v);
+                        v
+                    }
+                };
+                s.last = Some((key, id, local));
                 (id, local)
             }
         };
@@ -324,11 +337,13 @@ impl Feed {
             (0..k).map(|_| (0..n).map(|_| None).collect()).collect();
         for (i, s) in streams.into_iter().enumerate() {
             mine[thread_of[s.process as usize]][i] = Some(Decoding {
+                stream: i as u32,
                 process: s.process,
                 domain: s.domain,
                 reader: Some(s.reader),
                 counting: s.counting,
-                path: Path::default(),
+                path: Path::of_process(s.process),
+                cells: CellTable::default(),
                 last: None,
             });
         }
@@ -446,9 +461,9 @@ impl Feed {
         })
     }
 
-    /// Stop decoding; the tree, with every backtrace met, and what each of its cells
-    /// allocated.
-    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>)> {
+    /// Stop decoding; the tree, with every backtrace met, what each of its cells
+    /// allocated, and the order to number them in ([`Tree::combine`]).
+    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
         self.requests.clear();
         let mut done = Vec::new();
         for w in self.workers.drain(..) {
@@ -468,6 +483,7 @@ impl Feed {
             }
             trees.push(t);
         }
-        Ok((Tree::combine(trees, cells as u32), all))
+        let (tree, order) = Tree::combine(trees, cells as u32);
+        Ok((tree, all, order))
     }
 }

@@ -355,7 +355,7 @@ pub(crate) fn run(
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
-    let (tree, allocated) = feed.finish()?;
+    let (tree, allocated, order) = feed.finish()?;
     r.pass.tree = tree;
     // (one figure a cell of the joined tree: `allocated` has one a cell id)
     r.pass.cells.resize(allocated.len(), NodeStats::default());
@@ -366,6 +366,10 @@ pub(crate) fn run(
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
+    // (ids were handed out as the threads met cells; outputs list cells in id order, and
+    // must not change from run to run)
+    r.pass.tree.renumber(&order);
+    r.pass.cells = order.iter().map(|&id| r.pass.cells[id as usize]).collect();
     Ok(r.pass)
 }
 

@@ -13,8 +13,6 @@ pub(crate) struct Node {
     pub(crate) parent: Option<u32>,
     pub(crate) code: LocationCode,
     pub(crate) process: u32,
-    /// The child met last, tried before the table of children.
-    last_child: u32,
 }
 
 /// What the analysis counts apart: one backtrace (node) of one domain and one kind of
@@ -24,6 +22,8 @@ pub(crate) struct Cell {
     pub(crate) node: u32,
     pub(crate) domain: u16,
     pub(crate) source: AllocSource,
+    /// The stream that met it, which orders cells at the end.
+    stream: u32,
 }
 
 /// The tree of every input's backtraces, the cells under them, and each input's location
@@ -31,23 +31,90 @@ pub(crate) struct Cell {
 #[derive(Default)]
 pub(crate) struct Tree {
     pub(crate) nodes: Vec<Node>,
-    children: IntMap<(u32, u32, u64), u32>,
+    /// The node of each backtrace met, by fingerprint (those of all their prefixes too).
+    by_fingerprint: IntMap<u128, u32>,
     pub(crate) cells: Vec<Cell>,
-    cell_ids: IntMap<(u32, u16, u8), u32>,
     /// The id of each of `cells`.
     cell_numbers: Vec<u32>,
     /// Where ids come from, when several trees share them.
     ids: Option<Arc<AtomicU32>>,
+    /// The ids taken from `ids` and not yet handed out.
+    spare: std::ops::Range<u32>,
     pub(crate) locations: Vec<LocationTable>,
 }
 
-/// Where a stream's previous backtrace went in the tree: its nodes, caller first.
+/// A stream's previous backtrace, so that the next one, which shares a prefix with it, is
+/// known by the work of its new frames only.
+///
+/// A backtrace is known by a fingerprint of its frames (128 bits: two chains of
+/// multiply-folds over the codes, from a seed of its process), so that finding its cell is
+/// one table lookup, not one step a frame through the tree: deep recursions give thousands
+/// of new frames an allocation. Two backtraces share a cell only if their fingerprints are
+/// equal, which for different backtraces is about as likely as a 2^-64 chance a pair.
 #[derive(Default)]
 pub(crate) struct Path {
-    nodes: Vec<u32>,
-    /// Their codes, to compare with the next backtrace's.
-    codes: Vec<LocationCode>,
+    /// `fps[k]`: the fingerprint of the first `k` frames (`fps[0]`: of no frame).
+    fps: Vec<u128>,
 }
+
+/// Cell ids a tree takes at a time from a counter shared with other trees (the ids left
+/// over are no cell's, and [`Tree::combine`] leaves them out).
+const ID_BLOCK: u32 = 256;
+
+/// The fingerprint of no frame.
+const SEED: u128 = 0x243f_6a88_85a3_08d3_1319_8a2e_0370_7344;
+
+/// The fingerprint of `h`'s frames and one more, `code`.
+#[inline(always)]
+fn step(h: u128, code: u64) -> u128 {
+    #[inline(always)]
+    fn fold(x: u64, k: u64) -> u64 {
+        let m = u128::from(x) * u128::from(k);
+        (m as u64) ^ ((m >> 64) as u64)
+    }
+    let a = fold(h as u64 ^ code, 0x9e37_79b9_7f4a_7c15);
+    let b = fold(
+        (h >> 64) as u64 ^ code.rotate_left(29),
+        0xd6e8_feb8_6659_fd93,
+    );
+    u128::from(b) << 64 | u128::from(a)
+}
+
+impl Path {
+    /// The path of a stream of `process`.
+    pub(crate) fn of_process(process: u32) -> Path {
+        Path {
+            fps: vec![step(SEED, u64::from(process))],
+        }
+    }
+
+    /// The fingerprint of `backtrace` (caller first), whose first `common` frames are
+    /// those of the previous one; it becomes the previous one.
+    #[inline]
+    pub(crate) fn fingerprint(&mut self, common: usize, backtrace: &[LocationCode]) -> u128 {
+        // (a prefix longer than the previous backtrace: the reader kept frames of an
+        // earlier one, which these fingerprints do not cover)
+        let common = common.min(self.fps.len() - 1).min(backtrace.len());
+        self.fps.truncate(common + 1);
+        let mut h = self.fps[common];
+        self.fps.reserve(backtrace.len() - common);
+        for &code in &backtrace[common..] {
+            h = step(h, code.0);
+            self.fps.push(h);
+        }
+        h
+    }
+}
+
+/// The key of a cell in its stream: the fingerprint of its backtrace with its kind of
+/// allocation as one more frame (a backtrace's keys end with exactly one such mark).
+#[inline]
+pub(crate) fn cell_key(fingerprint: u128, source: AllocSource) -> u128 {
+    step(fingerprint, 0x5eed_0000 ^ source as u64)
+}
+
+/// A stream's cells by their keys ([`cell_key`]): their ids and indices in the tree.
+pub(crate) type CellTable = IntMap<u128, (u32, u32)>;
 
 /// The frame of an allocation without a backtrace.
 const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
@@ -55,80 +122,94 @@ const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
 /// No node.
 const NONE: u32 = u32::MAX;
 
-/// No parent: the key's parent field for a frame called from the program's entry.
-const ROOT: u32 = u32::MAX;
-
 impl Tree {
-    /// The node of `backtrace` (caller first), whose first `common` frames are those of
-    /// `path` (the stream's previous backtrace); `path` becomes this one's.
-    #[inline]
-    pub(crate) fn intern(
-        &mut self,
-        process: u32,
-        path: &mut Path,
-        common: usize,
-        backtrace: &[LocationCode],
-    ) -> u32 {
-        // (the prefix the format gives can be shorter than the one the two share)
-        let mut common = common.min(path.nodes.len()).min(backtrace.len());
-        common += (path.codes[common..].iter())
-            .zip(&backtrace[common..])
-            .take_while(|(a, b)| a == b)
-            .count();
-        path.nodes.truncate(common);
-        path.codes.truncate(common);
-        for &code in &backtrace[common..] {
-            let parent = path.nodes.last().copied();
-            // (a frame's callee is most often the one it called last: no hashing then)
-            let last = parent.map_or(NONE, |p| self.nodes[p as usize].last_child);
-            if last != NONE && self.nodes[last as usize].code == code {
-                path.nodes.push(last);
-                path.codes.push(code);
-                continue;
-            }
-            let key = (process, parent.unwrap_or(ROOT), code.0);
-            let next = self.nodes.len() as u32;
-            let n = *self.children.entry(key).or_insert(next);
-            if n == next {
-                self.nodes.push(Node {
-                    parent,
-                    code,
-                    process,
-                    last_child: NONE,
-                });
-            }
-            if let Some(p) = parent {
-                self.nodes[p as usize].last_child = n;
-            }
-            path.nodes.push(n);
-            path.codes.push(code);
-        }
-        match path.nodes.last() {
-            Some(&n) => n,
+    /// The node of `backtrace` (caller first), which [`Path::fingerprint`] has just made
+    /// `path`'s: the nodes of its frames past its longest prefix already met are made.
+    pub(crate) fn intern(&mut self, process: u32, path: &Path, backtrace: &[LocationCode]) -> u32 {
+        let fps = &path.fps;
+        if backtrace.is_empty() {
             // (no backtrace: one node of its own, under no frame any trace defines)
-            None => self.intern(process, path, 0, &[NO_BACKTRACE]),
+            let key = step(fps[0], NO_BACKTRACE.0);
+            return self.node(key, None, NO_BACKTRACE, process);
         }
+        // (the prefixes met are closed under taking a prefix: the longest is found by
+        // halving, and every node past it is new)
+        let n = backtrace.len();
+        // (down from the whole backtrace by doubling steps first: a new backtrace most
+        // often adds a frame or a few to one met before)
+        let (mut known, mut unknown) = (0, n + 1);
+        let mut step = 1;
+        let mut at = n;
+        loop {
+            if self.by_fingerprint.contains_key(&fps[at]) {
+                known = at;
+                break;
+            }
+            unknown = at;
+            if at == 0 {
+                break;
+            }
+            at = at.saturating_sub(step);
+            step *= 2;
+        }
+        while unknown - known > 1 {
+            let mid = (known + unknown) / 2;
+            if self.by_fingerprint.contains_key(&fps[mid]) {
+                known = mid;
+            } else {
+                unknown = mid;
+            }
+        }
+        let mut parent = (known > 0).then(|| self.by_fingerprint[&fps[known]]);
+        for k in known..n {
+            parent = Some(self.node(fps[k + 1], parent, backtrace[k], process));
+        }
+        parent.unwrap_or(NONE)
     }
 
-    /// The cell of an allocation at `node` in `domain` of kind `source`.
-    #[inline]
-    /// Ids are numbered by `ids` when given (shared by the trees of several decoding
-    /// threads, see [`Tree::combine`]), else in this tree's order.
-    /// Returns the cell's id and its index in this tree.
-    pub(crate) fn cell(&mut self, node: u32, domain: u16, source: AllocSource) -> (u32, u32) {
-        if let Some(&local) = self.cell_ids.get(&(node, domain, source as u8)) {
-            return (self.cell_numbers[local as usize], local);
+    /// The node of fingerprint `key`, made if new.
+    fn node(&mut self, key: u128, parent: Option<u32>, code: LocationCode, process: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        let n = *self.by_fingerprint.entry(key).or_insert(next);
+        if n == next {
+            self.nodes.push(Node {
+                parent,
+                code,
+                process,
+            });
         }
+        n
+    }
+
+    /// A new cell: an allocation at `node` in `domain` of kind `source`, met by `stream`.
+    /// Its id is numbered by `ids` when given (shared by the trees of several decoding
+    /// threads, see [`Tree::combine`]), else in this tree's order. Returns the id and its
+    /// index in this tree.
+    pub(crate) fn new_cell(
+        &mut self,
+        node: u32,
+        domain: u16,
+        source: AllocSource,
+        stream: u32,
+    ) -> (u32, u32) {
         let local = self.cells.len() as u32;
         let id = match &self.ids {
-            Some(ids) => ids.fetch_add(1, Ordering::Relaxed),
+            Some(ids) => {
+                // (taken a block at a time: one counter written by every thread at every
+                // new cell is a cache line passed between the cores)
+                if self.spare.is_empty() {
+                    let first = ids.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                    self.spare = first..first + ID_BLOCK;
+                }
+                self.spare.next().unwrap_or_default()
+            }
             None => self.cells.len() as u32,
         };
-        self.cell_ids.insert((node, domain, source as u8), local);
         self.cells.push(Cell {
             node,
             domain,
             source,
+            stream,
         });
         self.cell_numbers.push(id);
         (id, local)
@@ -150,31 +231,38 @@ impl Tree {
     }
 
     /// One tree of the trees of several threads (each with the processes it read), its
-    /// cells in the order of their ids (`cells` of them).
-    pub(crate) fn combine(trees: Vec<Tree>, cells: u32) -> Tree {
+    /// cells (`cells` of them) in the order of their ids, and the order they are to be
+    /// numbered in for outputs that do not depend on the threads' timing: by stream, in
+    /// the order each stream met them (`order[k]` is the id of the k-th).
+    pub(crate) fn combine(trees: Vec<Tree>, cells: u32) -> (Tree, Vec<u32>) {
         let mut out = Tree {
             cells: vec![
                 Cell {
                     node: 0,
                     domain: 0,
                     source: AllocSource::Minor,
+                    stream: 0,
                 };
                 cells as usize
             ],
             locations: Vec::new(),
             ..Tree::default()
         };
-        for t in trees {
+        // (stream, index in its thread's tree, thread): a thread meets a stream's cells
+        // in the stream's order
+        let mut met = Vec::with_capacity(cells as usize);
+        for (k, t) in trees.into_iter().enumerate() {
             let off = out.nodes.len() as u32;
             (out.nodes).extend(t.nodes.iter().map(|n| Node {
                 parent: n.parent.map(|p| p + off),
                 ..*n
             }));
-            for (c, &id) in t.cells.iter().zip(&t.cell_numbers) {
+            for (local, (c, &id)) in t.cells.iter().zip(&t.cell_numbers).enumerate() {
                 out.cells[id as usize] = Cell {
                     node: c.node + off,
                     ..*c
                 };
+                met.push(((c.stream, local as u32, k as u32), id));
             }
             out.locations
                 .resize(t.locations.len(), LocationTable::default());
@@ -184,7 +272,13 @@ impl Tree {
                 }
             }
         }
-        out
+        met.sort_unstable();
+        (out, met.into_iter().map(|(_, id)| id).collect())
+    }
+
+    /// Number the cells again: the k-th is the one that was `order[k]`.
+    pub(crate) fn renumber(&mut self, order: &[u32]) {
+        self.cells = order.iter().map(|&id| self.cells[id as usize]).collect();
     }
 
     /// The locations of a node's frame (inlined calls: outermost first); empty when the
@@ -298,4 +392,81 @@ impl std::fmt::Display for Frame {
 /// An input's location table, as the reader defines codes.
 pub(crate) fn define(table: &mut LocationTable, code: LocationCode, locs: &LocationList) {
     table.entry(code).or_insert_with(|| locs.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codes(v: &[u64]) -> Vec<LocationCode> {
+        v.iter().map(|&c| LocationCode(c)).collect()
+    }
+
+    /// A backtrace's fingerprint is its frames', whatever came before it and whatever
+    /// prefix the format said it shares (at most the real one).
+    #[test]
+    fn a_fingerprint_is_the_frames() {
+        let a = codes(&[1, 2, 3, 4, 5]);
+        let b = codes(&[1, 2, 3, 9]);
+        let mut alone = Path::of_process(0);
+        let fb = alone.fingerprint(0, &b);
+        for common in 0..=3 {
+            let mut p = Path::of_process(0);
+            p.fingerprint(0, &a);
+            assert_eq!(p.fingerprint(common, &b), fb, "common {common}");
+        }
+        // (another process, or one frame more or less, is another backtrace)
+        assert_ne!(Path::of_process(1).fingerprint(0, &b), fb);
+        assert_ne!(alone.fingerprint(4, &codes(&[1, 2, 3, 9, 9])), fb);
+        assert_ne!(alone.fingerprint(0, &codes(&[1, 2, 3])), fb);
+        // (a prefix longer than the previous backtrace: the frames decide)
+        let mut p = Path::of_process(0);
+        p.fingerprint(0, &codes(&[1]));
+        assert_eq!(p.fingerprint(3, &b), fb);
+        assert_ne!(
+            cell_key(fb, AllocSource::Minor),
+            cell_key(fb, AllocSource::Major)
+        );
+    }
+
+    /// A node is its backtrace: its stack gives the frames back, backtraces sharing a
+    /// prefix share its nodes, and a process's nodes are its own.
+    #[test]
+    fn a_node_is_its_stack() {
+        let mut t = Tree::default();
+        let bts = [
+            codes(&[1, 2, 3]),
+            codes(&[1, 2, 3, 3, 3, 3]),
+            codes(&[1, 2]),
+            codes(&[1, 7, 3, 3]),
+            codes(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]),
+            codes(&[]),
+        ];
+        let mut p = Path::of_process(0);
+        let mut prefixes = std::collections::HashSet::new();
+        for bt in &bts {
+            p.fingerprint(0, bt);
+            let n = t.intern(0, &p, bt);
+            let got: Vec<LocationCode> = t
+                .stack(n)
+                .iter()
+                .map(|&n| t.nodes[n as usize].code)
+                .collect();
+            if bt.is_empty() {
+                assert_eq!(got, vec![NO_BACKTRACE]);
+            } else {
+                assert_eq!(&got, bt);
+            }
+            for k in 1..=bt.len() {
+                prefixes.insert(bt[..k].to_vec());
+            }
+        }
+        assert_eq!(t.nodes.len(), prefixes.len() + 1);
+        let before = t.nodes.len();
+        let mut q = Path::of_process(1);
+        q.fingerprint(0, &bts[0]);
+        let n = t.intern(1, &q, &bts[0]);
+        assert_eq!(t.nodes.len(), before + 3);
+        assert_eq!(t.nodes[n as usize].process, 1);
+    }
 }

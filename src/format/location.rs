@@ -78,6 +78,10 @@ impl Hasher for IntHasher {
         self.0 = h ^ (h >> 29);
     }
     #[inline]
+    fn write_u128(&mut self, n: u128) {
+        self.write_u64(n as u64 ^ (n >> 64) as u64)
+    }
+    #[inline]
     fn write_u8(&mut self, n: u8) {
         self.write_u64(n as u64)
     }
