@@ -1,7 +1,8 @@
-//! An analysis's streams decoded a batch ahead on a thread of their own, their backtraces
-//! interned there, so that the pass (on the caller's thread) only replays events.
+//! An analysis's streams decoded a batch ahead on other threads, their backtraces interned
+//! and their allocations counted there, so that the pass (on the caller's thread) mostly
+//! replays events; any thread decodes any stream, the pass too while it waits.
 
-use super::sites::{cell_key, define, CellTable, Path, Tree};
+use super::sites::{cell_key, define, CellTable, Ids, Path, Tree};
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
@@ -10,7 +11,7 @@ use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// What the pass needs of an event: promotes change no liveness and are not kept, nor
@@ -93,7 +94,8 @@ pub(crate) struct Allocated {
     pub(crate) seen_objects: f64,
 }
 
-/// A stream as the decoding thread reads it.
+/// A stream as it is read: everything a thread needs to decode its next batch, handed to
+/// whichever thread does it.
 struct Decoding {
     /// Its index among the analysis's streams.
     stream: u32,
@@ -102,26 +104,29 @@ struct Decoding {
     reader: Option<Reader<LazyFile>>,
     counting: Counting,
     path: Path,
+    /// Its backtraces and cells.
+    tree: Tree,
     /// Its cells by key.
     cells: CellTable,
+    /// The codes its location events defined.
+    table: LocationTable,
+    /// What each of its cells allocated, by their index in `tree`.
+    allocated: Vec<Allocated>,
     /// The last allocation's (cell key, cell id, its index in the tree): most follow one
     /// of the same site.
-    last: Option<(u128, u32, u32)>,
+    last: Option<(u64, u32, u32)>,
 }
 
-/// Hands a stream's events to a batch, its backtraces interned in the tree.
+/// Hands a stream's events to a batch, its backtraces interned in its tree.
 struct Sink<'a> {
-    tree: &'a mut Tree,
-    table: &'a mut LocationTable,
     s: &'a mut Decoding,
-    /// By the tree's cells.
-    allocated: &'a mut Vec<Allocated>,
+    ids: &'a mut Ids,
     out: &'a mut Vec<Ev>,
 }
 
 impl EventSink for Sink<'_> {
     fn location(&mut self, code: LocationCode, locs: &LocationList) {
-        define(self.table, code, locs);
+        define(&mut self.s.table, code, locs);
     }
     fn alloc(
         &mut self,
@@ -148,9 +153,10 @@ impl EventSink for Sink<'_> {
                 let (id, local) = match s.cells.get(&key) {
                     Some(&v) => v,
                     None => {
-                        let node = self.tree.intern(s.process, &s.path, backtrace);
-                        let v = self.tree.new_cell(node, s.domain, source, s.stream);
+                        let node = s.tree.intern(s.process, &s.path, backtrace);
+                        let v = s.tree.new_cell(node, s.domain, source, self.ids);
                         s.cells.insert(key, v);
+                        s.allocated.push(Allocated::default());
                         v
                     }
                 };
@@ -160,11 +166,7 @@ impl EventSink for Sink<'_> {
         };
         let bytes = estimated_bytes(nsamples, c.bytes_per_sample);
         if c.to.is_none_or(|t| time <= t) {
-            if self.allocated.len() <= local as usize {
-                self.allocated
-                    .resize(local as usize + 1, Allocated::default());
-            }
-            let a = &mut self.allocated[local as usize];
+            let a = &mut s.allocated[local as usize];
             let objects = if c.sample_rate > 0.0 {
                 nsamples as f64 / (c.sample_rate * (length + 1) as f64)
             } else {
@@ -195,7 +197,6 @@ impl EventSink for Sink<'_> {
 
 /// A stream's next events, and what was met reading them.
 struct Batch {
-    stream: u32,
     events: Vec<Ev>,
     /// Damage met: (process, warning).
     warnings: Vec<(u32, String)>,
@@ -204,35 +205,23 @@ struct Batch {
 }
 
 /// Read up to `max` events of `s` into `out` (a damaged stream ends with a warning).
-fn decode(
-    s: &mut Decoding,
-    tree: &mut Tree,
-    allocated: &mut Vec<Allocated>,
-    out: &mut Vec<Ev>,
-    max: usize,
-) -> Batch {
-    let stream_end = |events, warnings| Batch {
-        stream: 0,
-        events,
-        warnings,
-        end: true,
-    };
+fn decode(s: &mut Decoding, ids: &mut Ids, mut out: Vec<Ev>, max: usize) -> Batch {
+    out.clear();
     let Some(mut r) = s.reader.take() else {
-        return stream_end(std::mem::take(out), Vec::new());
+        return Batch {
+            events: out,
+            warnings: Vec::new(),
+            end: true,
+        };
     };
-    let p = s.process as usize;
-    let mut table = std::mem::take(&mut tree.locations[p]);
     let more = r.read_events(
         &mut Sink {
-            tree,
-            table: &mut table,
             s,
-            allocated,
-            out,
+            ids,
+            out: &mut out,
         },
         max,
     );
-    tree.locations[p] = table;
     let mut warnings: Vec<(u32, String)> = (r.take_warnings().into_iter())
         .map(|w| (s.process, w.to_string()))
         .collect();
@@ -252,135 +241,172 @@ fn decode(
         }
     };
     Batch {
-        stream: 0,
-        events: std::mem::take(out),
+        events: out,
         warnings,
         end,
     }
 }
 
-/// Batches asked for ahead of the one being replayed, a stream: enough that the decoding
-/// threads have work while the pass replays (else a core idles).
+/// Batches decoded ahead of the one being replayed, a stream, at most: enough that the
+/// decoding threads have work while the pass replays (else a core idles).
 const AHEAD: usize = 2;
 
-/// The pass's side of a stream: the batch being replayed and the next, when it came.
+/// A stream's next batch to decode, with the buffer to decode it into.
+struct Job {
+    state: Box<Decoding>,
+    buf: Vec<Ev>,
+}
+
+/// A decoded batch, and the stream back.
+struct Done {
+    state: Box<Decoding>,
+    batch: Batch,
+}
+
+/// The jobs waiting for a thread.
+#[derive(Default)]
+struct Jobs {
+    queue: Mutex<(VecDeque<Job>, bool)>,
+    /// Signalled when a job is queued or the queue closed.
+    queued: Condvar,
+}
+
+impl Jobs {
+    fn push(&self, job: Job) {
+        lock(&self.queue).0.push_back(job);
+        self.queued.notify_one();
+    }
+
+    /// The next job, waiting for one; None once closed.
+    fn take(&self) -> Option<Job> {
+        let mut q = lock(&self.queue);
+        loop {
+            if q.1 {
+                return None;
+            }
+            if let Some(j) = q.0.pop_front() {
+                return Some(j);
+            }
+            q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Stream `want`'s job if it is waiting, else the first, without waiting.
+    fn take_now(&self, want: u32) -> Option<Job> {
+        let mut q = lock(&self.queue);
+        let at = q.0.iter().position(|j| j.state.stream == want).unwrap_or(0);
+        q.0.remove(at)
+    }
+
+    /// No more jobs taken; those waiting.
+    fn close(&self) -> Vec<Job> {
+        let mut q = lock(&self.queue);
+        q.1 = true;
+        self.queued.notify_all();
+        q.0.drain(..).collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // (a thread that panicked holding it left the queue whole: a push or a pop)
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The pass's side of a stream: the batch being replayed, those decoded after it, and the
+/// stream itself when no thread is decoding it.
 struct Queue {
     process: u32,
     ready: Vec<Ev>,
     pos: usize,
     next: VecDeque<Batch>,
-    ended: bool,
+    /// The stream, when it is not being decoded.
+    home: Option<Box<Decoding>>,
+    /// The last batch has been decoded.
+    decoded: bool,
+    /// Buffers to decode into.
+    spare: Vec<Vec<Ev>>,
 }
 
-/// The streams' events, decoded ahead on other threads: each input's streams on one of
-/// them, which interns their backtraces in a tree of its own.
+/// The streams' events, decoded ahead on other threads.
 pub(crate) struct Feed {
-    /// The decoding thread of each input.
-    thread_of: Vec<usize>,
-    /// One a decoding thread.
-    requests: Vec<Sender<(u32, Vec<Ev>)>>,
-    batches: Receiver<Batch>,
-    workers: Vec<JoinHandle<(Tree, Vec<Allocated>)>>,
+    jobs: Arc<Jobs>,
+    done: Receiver<Done>,
+    done_tx: Sender<Done>,
+    workers: Vec<JoinHandle<()>>,
     cell_ids: Arc<AtomicU32>,
+    /// The ids of the cells the pass makes when it decodes.
+    ids: Ids,
     queues: Vec<Queue>,
+    batch: usize,
+    processes: usize,
     /// Damage met so far: (process, warning).
     pub(crate) warnings: Vec<(u32, String)>,
 }
 
-/// A decoding thread: stream requests in, batches out; its tree at the end.
-fn decoder(
-    mut tree: Tree,
-    mut streams: Vec<Option<Decoding>>,
-    requests: Receiver<(u32, Vec<Ev>)>,
-    out: Sender<Batch>,
-    batch: usize,
-) -> (Tree, Vec<Allocated>) {
-    let mut allocated = Vec::new();
-    // (ends when the pass drops its sender: done, failed or cancelled)
-    while let Ok((i, mut buf)) = requests.recv() {
-        buf.clear();
-        let Some(s) = streams[i as usize].as_mut() else {
-            continue;
-        };
-        let mut b = decode(s, &mut tree, &mut allocated, &mut buf, batch);
-        b.stream = i;
-        if out.send(b).is_err() {
+/// A decoding thread: jobs in, batches out, until the queue is closed.
+fn decoder(jobs: Arc<Jobs>, out: Sender<Done>, mut ids: Ids, batch: usize) {
+    while let Some(Job { mut state, buf }) = jobs.take() {
+        let batch = decode(&mut state, &mut ids, buf, batch);
+        if out.send(Done { state, batch }).is_err() {
             break;
         }
     }
-    (tree, allocated)
 }
 
 impl Feed {
-    /// Start decoding `streams` (of inputs of sizes `sizes`), up to `batch` events a
-    /// stream at a time, on as many threads as there are processors and inputs (four at
-    /// most), each input on one of them, the largest first to the least loaded.
-    pub(crate) fn start(sizes: &[u64], streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
-        let processes = sizes.len();
+    /// Start decoding `streams` (of `processes` inputs), up to `batch` events a stream at a
+    /// time, on as many threads as there are processors but one (the pass's), at least
+    /// one and four at most.
+    pub(crate) fn start(processes: usize, streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let k = cores.min(processes).clamp(1, 4);
-        let mut order: Vec<usize> = (0..processes).collect();
-        order.sort_by_key(|&p| std::cmp::Reverse(sizes[p]));
-        let mut load = vec![0u64; k];
-        let mut thread_of = vec![0usize; processes];
-        for p in order {
-            let d = (0..k).min_by_key(|&d| load[d]).unwrap_or(0);
-            load[d] += sizes[p];
-            thread_of[p] = d;
-        }
+        let k = (cores - 1).clamp(1, 4).min(streams.len().max(1));
         let cell_ids = Arc::new(AtomicU32::new(0));
-        let (out_tx, out_rx) = channel::<Batch>();
-        let n = streams.len();
-        let process: Vec<u32> = streams.iter().map(|s| s.process).collect();
-        // (each thread is given the streams of its inputs, at their indices)
-        let mut mine: Vec<Vec<Option<Decoding>>> =
-            (0..k).map(|_| (0..n).map(|_| None).collect()).collect();
-        for (i, s) in streams.into_iter().enumerate() {
-            mine[thread_of[s.process as usize]][i] = Some(Decoding {
-                stream: i as u32,
-                process: s.process,
-                domain: s.domain,
-                reader: Some(s.reader),
-                counting: s.counting,
-                path: Path::of_process(s.process),
-                cells: CellTable::default(),
-                last: None,
-            });
-        }
-        let mut requests = Vec::new();
+        let jobs = Arc::new(Jobs::default());
+        let (done_tx, done) = channel::<Done>();
         let mut workers = Vec::new();
-        for streams in mine {
-            let (tx, rx) = channel::<(u32, Vec<Ev>)>();
-            let tree = Tree::numbered_by(cell_ids.clone(), processes);
-            let out = out_tx.clone();
+        for _ in 0..k {
+            let (jobs, out, ids) = (jobs.clone(), done_tx.clone(), Ids::new(cell_ids.clone()));
             let w = std::thread::Builder::new()
                 .name("memtrace-analysis-decode".into())
-                .spawn(move || decoder(tree, streams, rx, out, batch))
+                .spawn(move || decoder(jobs, out, ids, batch))
                 .map_err(|e| Error::Internal(format!("cannot start a decoding thread: {e}")))?;
-            requests.push(tx);
             workers.push(w);
         }
         let mut f = Feed {
-            thread_of,
-            requests,
-            batches: out_rx,
+            jobs,
+            done,
+            done_tx,
             workers,
+            ids: Ids::new(cell_ids.clone()),
             cell_ids,
-            queues: (process.into_iter())
-                .map(|process| Queue {
-                    process,
-                    ready: Vec::new(),
-                    pos: 0,
-                    next: VecDeque::new(),
-                    ended: false,
-                })
-                .collect(),
+            queues: Vec::new(),
+            batch,
+            processes,
             warnings: Vec::new(),
         };
-        for _ in 0..AHEAD {
-            for i in 0..n {
-                f.ask(i, Vec::with_capacity(batch));
-            }
+        for (i, s) in streams.into_iter().enumerate() {
+            f.queues.push(Queue {
+                process: s.process,
+                ready: Vec::new(),
+                pos: 0,
+                next: VecDeque::new(),
+                home: Some(Box::new(Decoding {
+                    stream: i as u32,
+                    process: s.process,
+                    domain: s.domain,
+                    reader: Some(s.reader),
+                    counting: s.counting,
+                    path: Path::of_process(s.process),
+                    tree: Tree::default(),
+                    cells: CellTable::default(),
+                    table: LocationTable::default(),
+                    allocated: Vec::new(),
+                    last: None,
+                })),
+                decoded: false,
+                spare: Vec::new(),
+            });
+            f.submit(i);
         }
         Ok(f)
     }
@@ -395,12 +421,30 @@ impl Feed {
         self.queues[i].process
     }
 
-    fn ask(&mut self, i: usize, buf: Vec<Ev>) {
-        let d = self.thread_of[self.queues[i].process as usize];
-        if let Some(tx) = self.requests.get(d) {
-            // (a thread that ended early is found when its batches do not come)
-            let _ = tx.send((i as u32, buf));
+    /// Queue stream `i`'s next batch for decoding, if it is not being decoded and fewer than
+    /// [`AHEAD`] wait.
+    fn submit(&mut self, i: usize) {
+        let q = &mut self.queues[i];
+        if q.decoded || q.next.len() >= AHEAD {
+            return;
         }
+        if let Some(state) = q.home.take() {
+            let buf = q
+                .spare
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(self.batch));
+            self.jobs.push(Job { state, buf });
+        }
+    }
+
+    /// A batch decoded: to its stream's queue, and the stream asked for its next.
+    fn arrived(&mut self, d: Done) {
+        let i = d.state.stream as usize;
+        let q = &mut self.queues[i];
+        q.decoded |= d.batch.end;
+        q.home = Some(d.state);
+        q.next.push_back(d.batch);
+        self.submit(i);
     }
 
     /// Stream `i`'s next event, without taking it; None at its end.
@@ -419,40 +463,43 @@ impl Feed {
         self.queues[i].pos += 1;
     }
 
-    /// Move stream `i`'s next batch in, waiting for it; false at the stream's end.
+    /// Move stream `i`'s next batch in, waiting for it (and decoding, meanwhile, what
+    /// waits for a thread: its batch first); false at the stream's end.
     #[cold]
     fn refill(&mut self, i: usize) -> Result<bool> {
         loop {
-            if self.queues[i].ended && self.queues[i].next.is_empty() {
-                return Ok(false);
-            }
-            if let Some(b) = self.queues[i].next.pop_front() {
+            let q = &mut self.queues[i];
+            if let Some(b) = q.next.pop_front() {
                 self.warnings.extend(b.warnings);
-                let q = &mut self.queues[i];
                 let done = std::mem::replace(&mut q.ready, b.events);
+                q.spare.push(done);
                 q.pos = 0;
-                q.ended |= b.end;
-                if !q.ended {
-                    self.ask(i, done);
-                }
+                self.submit(i);
                 if self.queues[i].ready.is_empty() {
                     continue;
                 }
                 return Ok(true);
             }
-            match self.batches.recv() {
-                Ok(b) => {
-                    let q = &mut self.queues[b.stream as usize];
-                    q.next.push_back(b);
+            if q.decoded {
+                return Ok(false);
+            }
+            if let Ok(d) = self.done.try_recv() {
+                self.arrived(d);
+            } else if let Some(Job { mut state, buf }) = self.jobs.take_now(i as u32) {
+                let batch = decode(&mut state, &mut self.ids, buf, self.batch);
+                self.arrived(Done { state, batch });
+            } else {
+                match self.done.recv() {
+                    Ok(d) => self.arrived(d),
+                    Err(_) => return Err(self.failed()),
                 }
-                Err(_) => return Err(self.failed()),
             }
         }
     }
 
-    /// The decoding threads' end, when one ended before its time.
+    /// The decoding threads' end, when a batch will not come.
     fn failed(&mut self) -> Error {
-        self.requests.clear();
+        self.jobs.close();
         let panicked = self.workers.drain(..).any(|w| w.join().is_err());
         Error::Internal(if panicked {
             "a decoding thread panicked".into()
@@ -464,26 +511,35 @@ impl Feed {
     /// Stop decoding; the tree, with every backtrace met, what each of its cells
     /// allocated, and the order to number them in ([`Tree::combine`]).
     pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
-        self.requests.clear();
-        let mut done = Vec::new();
+        let mut states: Vec<Box<Decoding>> =
+            (self.jobs.close().into_iter()).map(|j| j.state).collect();
         for w in self.workers.drain(..) {
-            match w.join() {
-                Ok(d) => done.push(d),
-                Err(_) => return Err(Error::Internal("a decoding thread panicked".into())),
+            if w.join().is_err() {
+                return Err(Error::Internal("a decoding thread panicked".into()));
             }
         }
+        drop(self.done_tx);
+        states.extend(self.done.try_iter().map(|d| d.state));
+        states.extend(self.queues.iter_mut().filter_map(|q| q.home.take()));
+        if states.len() != self.queues.len() {
+            return Err(Error::Internal(
+                "a stream was lost by its decoding thread".into(),
+            ));
+        }
+        states.sort_by_key(|s| s.stream);
         // (counted once every thread has ended: a thread may have made cells after the
         // pass stopped, at the end of a --to window)
-        let cells = self.cell_ids.load(Ordering::Relaxed) as usize;
-        let mut all = vec![Allocated::default(); cells];
-        let mut trees = Vec::new();
-        for (t, allocated) in done {
-            for (local, a) in allocated.into_iter().enumerate() {
-                all[t.cell_number(local)] = a;
+        let cells = self.cell_ids.load(Ordering::Relaxed);
+        let mut all = vec![Allocated::default(); cells as usize];
+        let mut trees = Vec::with_capacity(states.len());
+        for s in states {
+            let s = *s;
+            for (local, a) in s.allocated.into_iter().enumerate() {
+                all[s.tree.cell_number(local)] = a;
             }
-            trees.push(t);
+            trees.push((s.tree, s.process, s.table));
         }
-        let (tree, order) = Tree::combine(trees, cells as u32);
+        let (tree, order) = Tree::combine(trees, cells, self.processes);
         Ok((tree, all, order))
     }
 }

@@ -438,8 +438,8 @@ impl Analysis {
             let owner = self.process_of(i);
             let nothing = n.allocated.allocations == 0
                 && n.live == 0
-                && n.at_peak.bytes == 0
-                && n.at_own_peak.bytes == 0
+                && n.at_peak == 0
+                && n.at_own_peak == 0
                 && n.at_time == 0;
             if nothing || process.is_some_and(|p| p != owner) {
                 continue;
@@ -465,9 +465,9 @@ impl Analysis {
             });
             let r = &mut rows[k];
             let peak = if process.is_some() {
-                n.at_own_peak.bytes
+                n.at_own_peak
             } else {
-                n.at_peak.bytes
+                n.at_peak
             };
             r.allocated_bytes += n.allocated.bytes;
             r.allocated_objects += n.allocated.objects;

@@ -31,8 +31,6 @@ pub(crate) struct ProcessState {
     pub(crate) context: Option<String>,
     pub(crate) sample_rate: f64,
     pub(crate) start_us: u64,
-    /// The trace's size in bytes (how much decoding it takes).
-    pub(crate) file_size: u64,
     /// Estimated bytes of one sample: word size / rate.
     pub(crate) bytes_per_sample: f64,
     pub(crate) live: u64,
@@ -65,41 +63,38 @@ fn unpack(v: u64) -> (u32, u64) {
 pub(crate) struct NodeStats {
     /// Counted by the decoding threads.
     pub(crate) allocated: Allocated,
-    /// Live now (at the end once the pass is over).
+    /// Live at the end of the pass.
     pub(crate) live: u64,
     /// Live at the combined peak, its process's own peak, `--at`.
-    pub(crate) at_peak: AtPeak,
-    pub(crate) at_own_peak: AtPeak,
+    pub(crate) at_peak: u64,
+    pub(crate) at_own_peak: u64,
     pub(crate) at_time: u64,
 }
 
-/// A cell's live bytes at a peak, taken lazily: at a new peak only the cells changed since
+/// A cell as the pass keeps it while it replays, the part every event of the cell changes
+/// (kept small: the pass meets cells in no order, and misses the cache on each).
+///
+/// Its live bytes at a peak are taken lazily: at a new peak only the cells changed since
 /// the last one add their net change, so that the heap is never copied.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AtPeak {
-    pub(crate) bytes: u64,
-    /// The net change since the last peak.
-    since: i64,
-    /// On the list of cells changed since it.
-    touched: bool,
+struct LiveCell {
+    live: u64,
+    /// The net change since the combined peak, and since its process's own.
+    since_peak: i64,
+    since_own: i64,
+    /// On the lists of cells changed since them: [`COMBINED`], [`OWN`].
+    touched: u8,
 }
 
-impl AtPeak {
-    fn change(&mut self, delta: i64, cell: u32, touched: &mut Vec<u32>) {
-        self.since += delta;
-        if !self.touched {
-            self.touched = true;
-            touched.push(cell);
-        }
-    }
-}
+const COMBINED: u8 = 1;
+const OWN: u8 = 2;
 
 impl NodeStats {
     /// Live bytes at `mode`.
     pub(crate) fn live_at(&self, mode: Mode) -> u64 {
         match mode {
             Mode::Alloc => self.allocated.bytes,
-            Mode::Peak => self.at_peak.bytes,
+            Mode::Peak => self.at_peak,
             Mode::End => self.live,
             Mode::At => self.at_time,
         }
@@ -195,7 +190,6 @@ pub(crate) struct Pass {
     pub(crate) peak_time: Option<u64>,
     pub(crate) first_time: Option<u64>,
     pub(crate) last_time: Option<u64>,
-    pub(crate) at_taken: bool,
     pub(crate) timeline: Timeline,
 }
 
@@ -239,7 +233,6 @@ fn open(
             context: (info.context.as_deref()).map(|c| String::from_utf8_lossy(c).into_owned()),
             sample_rate: info.sample_rate,
             start_us: info.start_time.0,
-            file_size,
             bytes_per_sample,
             ..ProcessState::default()
         });
@@ -328,7 +321,6 @@ pub(crate) fn run(
             peak_time: None,
             first_time: None,
             last_time: None,
-            at_taken: false,
             timeline: Timeline {
                 step_us: opts.step_us.unwrap_or(1000).max(1),
                 fixed: opts.step_us.is_some(),
@@ -343,33 +335,40 @@ pub(crate) fn run(
         dirty: Vec::new(),
         touched: Vec::new(),
         now: None,
+        cells: Vec::new(),
+        at_peak: Vec::new(),
+        at_own_peak: Vec::new(),
+        at_time: None,
     };
     for s in streams.iter_mut() {
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
     let nstreams = streams.len();
     let batch = ((1 << 18) / nstreams.max(1)).clamp(64, BATCH);
-    let sizes: Vec<u64> = r.pass.processes.iter().map(|p| p.file_size).collect();
-    let mut feed = Feed::start(&sizes, streams, batch)?;
+    let mut feed = Feed::start(r.pass.processes.len(), streams, batch)?;
     r.replay(&mut feed, cancel)?;
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
     let (tree, allocated, order) = feed.finish()?;
     r.pass.tree = tree;
-    // (one figure a cell of the joined tree: `allocated` has one a cell id)
-    r.pass.cells.resize(allocated.len(), NodeStats::default());
-    for (n, a) in r.pass.cells.iter_mut().zip(allocated) {
-        n.allocated = a;
-    }
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
-    // (ids were handed out as the threads met cells; outputs list cells in id order, and
-    // must not change from run to run)
+    // (ids were handed out as the threads met cells, `allocated` has a figure for each;
+    // outputs list cells in id order, which must not change from run to run)
     r.pass.tree.renumber(&order);
-    r.pass.cells = order.iter().map(|&id| r.pass.cells[id as usize]).collect();
+    let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
+    r.pass.cells = (order.iter().map(|&id| id as usize))
+        .map(|id| NodeStats {
+            allocated: allocated[id],
+            live: r.cells.get(id).map_or(0, |c| c.live),
+            at_peak: get(&r.at_peak, id),
+            at_own_peak: get(&r.at_own_peak, id),
+            at_time: r.at_time.as_deref().map_or(0, |v| get(v, id)),
+        })
+        .collect();
     Ok(r.pass)
 }
 
@@ -386,6 +385,13 @@ struct Replay {
     touched: Vec<u32>,
     /// The current microsecond.
     now: Option<u64>,
+    /// By cell id.
+    cells: Vec<LiveCell>,
+    /// Each cell's live bytes at the combined peak and at its process's.
+    at_peak: Vec<u64>,
+    at_own_peak: Vec<u64>,
+    /// At `--at`, once taken.
+    at_time: Option<Vec<u64>>,
 }
 
 impl Replay {
@@ -462,21 +468,18 @@ impl Replay {
 
     /// Each cell's live bytes now are its figure at `--at`.
     fn take_at(&mut self) {
-        if !self.pass.at_taken {
-            for n in self.pass.cells.iter_mut() {
-                n.at_time = n.live;
-            }
-            self.pass.at_taken = true;
+        if self.at_time.is_none() {
+            self.at_time = Some(self.cells.iter().map(|c| c.live).collect());
         }
     }
 
     /// One event of process `p` at `time`.
+    #[inline]
     fn apply(&mut self, p: u32, time: u64, ev: Ev) {
         if self.at.is_some_and(|a| time > a) {
             self.take_at();
         }
-        let pass = &mut self.pass;
-        let st = &mut pass.processes[p as usize];
+        let st = &mut self.pass.processes[p as usize];
         st.last_time = Some(time);
         let (cell, delta) = match ev {
             Ev::Alloc {
@@ -486,10 +489,12 @@ impl Replay {
                 bytes,
                 ..
             } => {
-                if pass.cells.len() <= cell as usize {
-                    // (the tree is the decoding threads' until the end)
-                    let n = (cell as usize + 1).max(2 * pass.cells.len());
-                    pass.cells.resize(n, NodeStats::default());
+                if self.cells.len() <= cell as usize {
+                    // (cells are the decoding threads' until the end)
+                    let n = (cell as usize + 1).max(2 * self.cells.len());
+                    self.cells.resize(n, LiveCell::default());
+                    self.at_peak.resize(n, 0);
+                    self.at_own_peak.resize(n, 0);
                 }
                 st.objects.insert(id, pack(cell, nsamples));
                 (cell, bytes as i64)
@@ -506,10 +511,19 @@ impl Replay {
                 }
             },
         };
-        let n = &mut pass.cells[cell as usize];
-        n.live = (n.live as i64 + delta) as u64;
-        n.at_peak.change(delta, cell, &mut self.touched);
-        n.at_own_peak.change(delta, cell, &mut st.touched);
+        let c = &mut self.cells[cell as usize];
+        c.live = (c.live as i64 + delta) as u64;
+        c.since_peak += delta;
+        c.since_own += delta;
+        if c.touched != COMBINED | OWN {
+            if c.touched & COMBINED == 0 {
+                self.touched.push(cell);
+            }
+            if c.touched & OWN == 0 {
+                st.touched.push(cell);
+            }
+            c.touched = COMBINED | OWN;
+        }
         st.live = (st.live as i64 + delta) as u64;
         self.total = (self.total as i64 + delta) as u64;
         if !st.dirty {
@@ -526,15 +540,38 @@ impl Replay {
         }
         let pass = &mut self.pass;
         if new_peak(self.total, &mut pass.peak, &mut pass.peak_time, t) {
-            settle(&mut pass.cells, &mut self.touched, |n| &mut n.at_peak);
+            settle(
+                &mut self.cells,
+                &mut self.at_peak,
+                &mut self.touched,
+                COMBINED,
+            );
         }
         for &p in &self.dirty {
             let st = &mut pass.processes[p as usize];
             if new_peak(st.live, &mut st.peak, &mut st.peak_time, t) {
-                settle(&mut pass.cells, &mut st.touched, |n| &mut n.at_own_peak);
+                settle(&mut self.cells, &mut self.at_own_peak, &mut st.touched, OWN);
             }
         }
     }
+}
+
+/// At a new peak (the combined one or a process's, `which`): the cells changed since the
+/// last one take their live bytes then (`at`).
+fn settle(cells: &mut [LiveCell], at: &mut [u64], touched: &mut Vec<u32>, which: u8) {
+    for &n in touched.iter() {
+        let c = &mut cells[n as usize];
+        let since = if which == COMBINED {
+            &mut c.since_peak
+        } else {
+            &mut c.since_own
+        };
+        let a = &mut at[n as usize];
+        *a = (*a as i64 + *since) as u64;
+        *since = 0;
+        c.touched &= !which;
+    }
+    touched.clear();
 }
 
 /// Whether `live` at `t` is a new peak (the first value is one); records it.
@@ -545,15 +582,4 @@ fn new_peak(live: u64, peak: &mut u64, peak_time: &mut Option<u64>, t: u64) -> b
         *peak_time = Some(t);
     }
     new
-}
-
-/// At a new peak: the cells changed since the last one take their live bytes.
-fn settle(cells: &mut [NodeStats], touched: &mut Vec<u32>, at: fn(&mut NodeStats) -> &mut AtPeak) {
-    for &n in touched.iter() {
-        let a = at(&mut cells[n as usize]);
-        a.bytes = (a.bytes as i64 + a.since) as u64;
-        a.since = 0;
-        a.touched = false;
-    }
-    touched.clear();
 }

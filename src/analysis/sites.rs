@@ -22,62 +22,73 @@ pub(crate) struct Cell {
     pub(crate) node: u32,
     pub(crate) domain: u16,
     pub(crate) source: AllocSource,
-    /// The stream that met it, which orders cells at the end.
-    stream: u32,
 }
 
-/// The tree of every input's backtraces, the cells under them, and each input's location
-/// table.
+/// A tree of backtraces and the cells under them: one stream's while it is read, then every
+/// stream's ([`Tree::combine`]) with each input's location table.
 #[derive(Default)]
 pub(crate) struct Tree {
     pub(crate) nodes: Vec<Node>,
     /// The node of each backtrace met, by fingerprint (those of all their prefixes too).
-    by_fingerprint: IntMap<u128, u32>,
+    by_fingerprint: IntMap<u64, u32>,
     pub(crate) cells: Vec<Cell>,
     /// The id of each of `cells`.
     cell_numbers: Vec<u32>,
-    /// Where ids come from, when several trees share them.
-    ids: Option<Arc<AtomicU32>>,
-    /// The ids taken from `ids` and not yet handed out.
-    spare: std::ops::Range<u32>,
     pub(crate) locations: Vec<LocationTable>,
+}
+
+/// Cell ids as one thread hands them out, for the pass to count by while streams are read
+/// on several threads: taken a block at a time from a counter shared by the threads (one
+/// counter written at every new cell would be a cache line passed between the cores).
+/// The ids left over are no cell's, and [`Tree::combine`] leaves them out.
+pub(crate) struct Ids {
+    counter: Arc<AtomicU32>,
+    spare: std::ops::Range<u32>,
+}
+
+impl Ids {
+    pub(crate) fn new(counter: Arc<AtomicU32>) -> Ids {
+        Ids {
+            counter,
+            spare: 0..0,
+        }
+    }
+
+    fn next(&mut self) -> u32 {
+        if self.spare.is_empty() {
+            let first = self.counter.fetch_add(ID_BLOCK, Ordering::Relaxed);
+            self.spare = first..first.saturating_add(ID_BLOCK);
+        }
+        self.spare.next().unwrap_or(u32::MAX)
+    }
 }
 
 /// A stream's previous backtrace, so that the next one, which shares a prefix with it, is
 /// known by the work of its new frames only.
 ///
-/// A backtrace is known by a fingerprint of its frames (128 bits: two chains of
-/// multiply-folds over the codes, from a seed of its process), so that finding its cell is
-/// one table lookup, not one step a frame through the tree: deep recursions give thousands
-/// of new frames an allocation. Two backtraces share a cell only if their fingerprints are
-/// equal, which for different backtraces is about as likely as a 2^-64 chance a pair.
+/// A backtrace is known by a fingerprint of its frames (64 bits: a chain of multiply-folds
+/// over the codes, from a seed of its process), so that finding its cell is one table
+/// lookup, not one step a frame through the tree: deep recursions give thousands of new
+/// frames an allocation. Two different backtraces get one fingerprint (and share a cell)
+/// with a chance of about 2^-64 a pair: for a million backtraces, about 3 in 10^8.
 #[derive(Default)]
 pub(crate) struct Path {
     /// `fps[k]`: the fingerprint of the first `k` frames (`fps[0]`: of no frame).
-    fps: Vec<u128>,
+    fps: Vec<u64>,
 }
 
-/// Cell ids a tree takes at a time from a counter shared with other trees (the ids left
-/// over are no cell's, and [`Tree::combine`] leaves them out).
+/// Cell ids a thread takes at a time.
 const ID_BLOCK: u32 = 256;
 
 /// The fingerprint of no frame.
-const SEED: u128 = 0x243f_6a88_85a3_08d3_1319_8a2e_0370_7344;
+const SEED: u64 = 0x243f_6a88_85a3_08d3;
 
-/// The fingerprint of `h`'s frames and one more, `code`.
+/// The fingerprint of `h`'s frames and one more, `code`: a multiply folded (the high
+/// half of the product into the low), which mixes every bit of both.
 #[inline(always)]
-fn step(h: u128, code: u64) -> u128 {
-    #[inline(always)]
-    fn fold(x: u64, k: u64) -> u64 {
-        let m = u128::from(x) * u128::from(k);
-        (m as u64) ^ ((m >> 64) as u64)
-    }
-    let a = fold(h as u64 ^ code, 0x9e37_79b9_7f4a_7c15);
-    let b = fold(
-        (h >> 64) as u64 ^ code.rotate_left(29),
-        0xd6e8_feb8_6659_fd93,
-    );
-    u128::from(b) << 64 | u128::from(a)
+fn step(h: u64, code: u64) -> u64 {
+    let m = u128::from(h ^ code) * u128::from(0x9e37_79b9_7f4a_7c15u64);
+    (m as u64) ^ ((m >> 64) as u64)
 }
 
 impl Path {
@@ -91,7 +102,7 @@ impl Path {
     /// The fingerprint of `backtrace` (caller first), whose first `common` frames are
     /// those of the previous one; it becomes the previous one.
     #[inline]
-    pub(crate) fn fingerprint(&mut self, common: usize, backtrace: &[LocationCode]) -> u128 {
+    pub(crate) fn fingerprint(&mut self, common: usize, backtrace: &[LocationCode]) -> u64 {
         // (a prefix longer than the previous backtrace: the reader kept frames of an
         // earlier one, which these fingerprints do not cover)
         let common = common.min(self.fps.len() - 1).min(backtrace.len());
@@ -109,12 +120,12 @@ impl Path {
 /// The key of a cell in its stream: the fingerprint of its backtrace with its kind of
 /// allocation as one more frame (a backtrace's keys end with exactly one such mark).
 #[inline]
-pub(crate) fn cell_key(fingerprint: u128, source: AllocSource) -> u128 {
+pub(crate) fn cell_key(fingerprint: u64, source: AllocSource) -> u64 {
     step(fingerprint, 0x5eed_0000 ^ source as u64)
 }
 
 /// A stream's cells by their keys ([`cell_key`]): their ids and indices in the tree.
-pub(crate) type CellTable = IntMap<u128, (u32, u32)>;
+pub(crate) type CellTable = IntMap<u64, (u32, u32)>;
 
 /// The frame of an allocation without a backtrace.
 const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
@@ -168,7 +179,7 @@ impl Tree {
     }
 
     /// The node of fingerprint `key`, made if new.
-    fn node(&mut self, key: u128, parent: Option<u32>, code: LocationCode, process: u32) -> u32 {
+    fn node(&mut self, key: u64, parent: Option<u32>, code: LocationCode, process: u32) -> u32 {
         let next = self.nodes.len() as u32;
         let n = *self.by_fingerprint.entry(key).or_insert(next);
         if n == next {
@@ -181,35 +192,21 @@ impl Tree {
         n
     }
 
-    /// A new cell: an allocation at `node` in `domain` of kind `source`, met by `stream`.
-    /// Its id is numbered by `ids` when given (shared by the trees of several decoding
-    /// threads, see [`Tree::combine`]), else in this tree's order. Returns the id and its
-    /// index in this tree.
+    /// A new cell: an allocation at `node` in `domain` of kind `source`, its id from
+    /// `ids`. Returns the id and its index in this tree.
     pub(crate) fn new_cell(
         &mut self,
         node: u32,
         domain: u16,
         source: AllocSource,
-        stream: u32,
+        ids: &mut Ids,
     ) -> (u32, u32) {
         let local = self.cells.len() as u32;
-        let id = match &self.ids {
-            Some(ids) => {
-                // (taken a block at a time: one counter written by every thread at every
-                // new cell is a cache line passed between the cores)
-                if self.spare.is_empty() {
-                    let first = ids.fetch_add(ID_BLOCK, Ordering::Relaxed);
-                    self.spare = first..first + ID_BLOCK;
-                }
-                self.spare.next().unwrap_or_default()
-            }
-            None => self.cells.len() as u32,
-        };
+        let id = ids.next();
         self.cells.push(Cell {
             node,
             domain,
             source,
-            stream,
         });
         self.cell_numbers.push(id);
         (id, local)
@@ -220,60 +217,54 @@ impl Tree {
         self.cell_numbers[local] as usize
     }
 
-    /// A tree whose cells take their ids from `ids`, with a location table for each of
-    /// `processes` processes.
-    pub(crate) fn numbered_by(ids: Arc<AtomicU32>, processes: usize) -> Tree {
-        Tree {
-            ids: Some(ids),
-            locations: vec![LocationTable::default(); processes],
-            ..Tree::default()
-        }
-    }
-
-    /// One tree of the trees of several threads (each with the processes it read), its
-    /// cells (`cells` of them) in the order of their ids, and the order they are to be
-    /// numbered in for outputs that do not depend on the threads' timing: by stream, in
-    /// the order each stream met them (`order[k]` is the id of the k-th).
-    pub(crate) fn combine(trees: Vec<Tree>, cells: u32) -> (Tree, Vec<u32>) {
+    /// One tree of every stream's (with its process and location table, in stream order),
+    /// with a location table for each of `processes`; its cells (`cells` ids were handed
+    /// out) in the order of their ids. Also the order to number them in, so that outputs
+    /// do not depend on the threads' timing: by stream, in the order each met them
+    /// (`order[k]` is the id of the k-th).
+    pub(crate) fn combine(
+        streams: Vec<(Tree, u32, LocationTable)>,
+        cells: u32,
+        processes: usize,
+    ) -> (Tree, Vec<u32>) {
         let mut out = Tree {
             cells: vec![
                 Cell {
                     node: 0,
                     domain: 0,
                     source: AllocSource::Minor,
-                    stream: 0,
                 };
                 cells as usize
             ],
-            locations: Vec::new(),
+            locations: vec![LocationTable::default(); processes],
             ..Tree::default()
         };
-        // (stream, index in its thread's tree, thread): a thread meets a stream's cells
-        // in the stream's order
-        let mut met = Vec::with_capacity(cells as usize);
-        for (k, t) in trees.into_iter().enumerate() {
+        let mut order = Vec::new();
+        for (t, process, table) in streams {
             let off = out.nodes.len() as u32;
             (out.nodes).extend(t.nodes.iter().map(|n| Node {
                 parent: n.parent.map(|p| p + off),
                 ..*n
             }));
-            for (local, (c, &id)) in t.cells.iter().zip(&t.cell_numbers).enumerate() {
+            for (c, &id) in t.cells.iter().zip(&t.cell_numbers) {
                 out.cells[id as usize] = Cell {
                     node: c.node + off,
                     ..*c
                 };
-                met.push(((c.stream, local as u32, k as u32), id));
             }
-            out.locations
-                .resize(t.locations.len(), LocationTable::default());
-            for (p, table) in t.locations.into_iter().enumerate() {
-                if !table.is_empty() {
-                    out.locations[p] = table;
+            order.extend_from_slice(&t.cell_numbers);
+            // (a process's domains define its codes alike; where they do not, which the
+            // reference reader refuses, the first stream's definition is kept)
+            let all = &mut out.locations[process as usize];
+            if all.is_empty() {
+                *all = table;
+            } else {
+                for (code, locs) in table {
+                    all.entry(code).or_insert(locs);
                 }
             }
         }
-        met.sort_unstable();
-        (out, met.into_iter().map(|(_, id)| id).collect())
+        (out, order)
     }
 
     /// Number the cells again: the k-th is the one that was `order[k]`.

@@ -87,7 +87,7 @@ fn folded_name(tree: &Tree, node: u32) -> String {
 /// process's own peak rather than the run's.
 fn value_at(n: &NodeStats, mode: Mode, own: bool) -> u64 {
     match mode {
-        Mode::Peak if own => n.at_own_peak.bytes,
+        Mode::Peak if own => n.at_own_peak,
         m => n.live_at(m),
     }
 }
