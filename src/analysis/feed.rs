@@ -14,31 +14,26 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// What the pass needs of an event: promotes change no liveness and are not kept, nor
-/// are allocations the filters leave out.
+/// What the pass needs of an event: an allocation or a collect (promotes change no
+/// liveness and are not kept, nor are allocations the filters leave out).
 #[derive(Clone, Copy)]
-pub(crate) enum Ev {
-    Alloc {
-        time: u64,
-        id: u64,
-        cell: u32,
-        nsamples: u64,
-        /// Estimated bytes.
-        bytes: u64,
-    },
-    Collect {
-        time: u64,
-        id: u64,
-    },
+pub(crate) struct Ev {
+    pub(crate) time: u64,
+    pub(crate) id: u64,
+    /// An allocation's cell, or [`COLLECT`].
+    pub(crate) cell: u32,
+    /// An allocation's samples, cut at 2^32 - 2 (none in a real trace has so many), as the
+    /// pass's ring of live objects keeps them.
+    pub(crate) nsamples: u32,
 }
+
+/// The cell of a collect.
+pub(crate) const COLLECT: u32 = u32::MAX;
 
 impl Ev {
     /// The order of events: by time, a microsecond's allocations before its collections.
     pub(crate) fn key(&self) -> (u64, u8) {
-        match *self {
-            Ev::Alloc { time, .. } => (time, 0),
-            Ev::Collect { time, .. } => (time, 1),
-        }
+        (self.time, u8::from(self.cell == COLLECT))
     }
 }
 
@@ -181,17 +176,21 @@ impl EventSink for Sink<'_> {
                 a.objects += objects;
             }
         }
-        self.out.push(Ev::Alloc {
+        self.out.push(Ev {
             time,
             id,
             cell,
-            nsamples,
-            bytes,
+            nsamples: nsamples.min(u64::from(u32::MAX) - 1) as u32,
         });
     }
     fn promote(&mut self, _time: u64, _id: u64) {}
     fn collect(&mut self, time: u64, id: u64) {
-        self.out.push(Ev::Collect { time, id });
+        self.out.push(Ev {
+            time,
+            id,
+            cell: COLLECT,
+            nsamples: 0,
+        });
     }
 }
 

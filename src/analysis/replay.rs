@@ -2,7 +2,7 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{estimated_bytes, Allocated, Counting, Ev, Feed, StreamSpec};
+use super::feed::{estimated_bytes, Allocated, Counting, Ev, Feed, StreamSpec, COLLECT};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -47,11 +47,10 @@ pub(crate) struct ProcessState {
     objects: LiveObjects,
 }
 
-/// A live object's cell and samples in one word (as the ring of live objects keeps them);
-/// samples beyond 2^32 - 2 (none in a real trace) are cut there, and never make the
-/// ring's empty value.
-fn pack(cell: u32, nsamples: u64) -> u64 {
-    u64::from(cell) << 32 | nsamples.min(u64::from(u32::MAX) - 1)
+/// A live object's cell and samples (at most 2^32 - 2: never the ring's empty value) in
+/// one word, as the ring of live objects keeps them.
+fn pack(cell: u32, nsamples: u32) -> u64 {
+    u64::from(cell) << 32 | u64::from(nsamples)
 }
 
 fn unpack(v: u64) -> (u32, u64) {
@@ -131,37 +130,47 @@ pub(crate) struct Timeline {
     pub(crate) rows: Vec<(u64, Vec<u64>)>,
     /// The heap as the last event recorded left it.
     end: (u64, Vec<u64>),
+    /// Where the last step ends (µs since the start).
+    row_end: u64,
 }
 
 /// The largest number of steps kept before they are made twice as long.
 const MAX_STEPS: usize = 1024;
 
 impl Timeline {
-    /// The heap after the events of microsecond `time`; `dirty`: the processes they
-    /// changed.
+    /// The heap after the events of microsecond `time` (never before the last one's);
+    /// `dirty`: the processes they changed.
+    #[inline]
     fn record(&mut self, time: u64, total: u64, processes: &[ProcessState], dirty: &[u32]) {
         let t = time.saturating_sub(self.start_us);
-        let mut i = (t / self.step_us) as usize;
-        while !self.fixed && i >= MAX_STEPS {
-            self.coarsen();
-            i = (t / self.step_us) as usize;
-        }
-        self.end.1.resize(processes.len(), 0);
-        while self.rows.len() <= i {
-            // a step starts with the heap as the last event before it left it
-            self.rows.push(self.end.clone());
+        if self.rows.is_empty() || t >= self.row_end {
+            self.new_row(t, processes.len());
         }
         for &p in dirty {
             self.end.1[p as usize] = processes[p as usize].live;
         }
         self.end.0 = total;
-        let row = &mut self.rows[i];
+        let row = self.rows.last_mut().expect("a row was made");
         row.0 = row.0.max(total);
-        row.1.resize(processes.len(), 0);
         for &p in dirty {
             let v = &mut row.1[p as usize];
             *v = (*v).max(processes[p as usize].live);
         }
+    }
+
+    /// The steps up to the one of `t` (µs since the start), which becomes the last.
+    fn new_row(&mut self, t: u64, processes: usize) {
+        let mut i = (t / self.step_us) as usize;
+        while !self.fixed && i >= MAX_STEPS {
+            self.coarsen();
+            i = (t / self.step_us) as usize;
+        }
+        self.end.1.resize(processes, 0);
+        while self.rows.len() <= i {
+            // a step starts with the heap as the last event before it left it
+            self.rows.push(self.end.clone());
+        }
+        self.row_end = (i as u64 + 1) * self.step_us;
     }
 
     fn coarsen(&mut self) {
@@ -481,25 +490,20 @@ impl Replay {
         }
         let st = &mut self.pass.processes[p as usize];
         st.last_time = Some(time);
-        let (cell, delta) = match ev {
-            Ev::Alloc {
-                id,
-                cell,
-                nsamples,
-                bytes,
-                ..
-            } => {
-                if self.cells.len() <= cell as usize {
-                    // (cells are the decoding threads' until the end)
-                    let n = (cell as usize + 1).max(2 * self.cells.len());
-                    self.cells.resize(n, LiveCell::default());
-                    self.at_peak.resize(n, 0);
-                    self.at_own_peak.resize(n, 0);
-                }
-                st.objects.insert(id, pack(cell, nsamples));
-                (cell, bytes as i64)
+        let (cell, delta) = if ev.cell != COLLECT {
+            let cell = ev.cell;
+            if self.cells.len() <= cell as usize {
+                // (cells are the decoding threads' until the end)
+                let n = (cell as usize + 1).max(2 * self.cells.len());
+                self.cells.resize(n, LiveCell::default());
+                self.at_peak.resize(n, 0);
+                self.at_own_peak.resize(n, 0);
             }
-            Ev::Collect { id, .. } => match st.objects.remove(id) {
+            st.objects.insert(ev.id, pack(cell, ev.nsamples));
+            let bytes = estimated_bytes(u64::from(ev.nsamples), st.bytes_per_sample);
+            (cell, bytes as i64)
+        } else {
+            match st.objects.remove(ev.id) {
                 Some(v) => {
                     let (cell, nsamples) = unpack(v);
                     let bytes = estimated_bytes(nsamples, st.bytes_per_sample);
@@ -509,7 +513,7 @@ impl Replay {
                     st.unmatched += 1;
                     return;
                 }
-            },
+            }
         };
         let c = &mut self.cells[cell as usize];
         c.live = (c.live as i64 + delta) as u64;

@@ -107,13 +107,12 @@ impl Path {
         // earlier one, which these fingerprints do not cover)
         let common = common.min(self.fps.len() - 1).min(backtrace.len());
         self.fps.truncate(common + 1);
-        let mut h = self.fps[common];
-        self.fps.reserve(backtrace.len() - common);
-        for &code in &backtrace[common..] {
-            h = step(h, code.0);
-            self.fps.push(h);
-        }
-        h
+        let h = self.fps[common];
+        (self.fps).extend(backtrace[common..].iter().scan(h, |h, code| {
+            *h = step(*h, code.0);
+            Some(*h)
+        }));
+        self.fps[self.fps.len() - 1]
     }
 }
 
