@@ -239,6 +239,13 @@ fn decode(s: &mut Decoding, ids: &mut Ids, mut out: Vec<Ev>, max: usize) -> Batc
             true
         }
     };
+    if end {
+        // (what only reading needs goes now, on this thread, rather than when the pass
+        // is done and waits for it; the reader went with its last event)
+        s.path = Path::default();
+        s.cells = CellTable::default();
+        s.tree.finished();
+    }
     Batch {
         events: out,
         warnings,

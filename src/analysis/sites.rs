@@ -177,6 +177,11 @@ impl Tree {
         parent.unwrap_or(NONE)
     }
 
+    /// Its stream has ended: no backtrace is looked up any more.
+    pub(crate) fn finished(&mut self) {
+        self.by_fingerprint = IntMap::default();
+    }
+
     /// The node of fingerprint `key`, made if new.
     fn node(&mut self, key: u64, parent: Option<u32>, code: LocationCode, process: u32) -> u32 {
         let next = self.nodes.len() as u32;
@@ -226,7 +231,9 @@ impl Tree {
         cells: u32,
         processes: usize,
     ) -> (Tree, Vec<u32>) {
+        let nodes = streams.iter().map(|(t, ..)| t.nodes.len()).sum();
         let mut out = Tree {
+            nodes: Vec::with_capacity(nodes),
             cells: vec![
                 Cell {
                     node: 0,
