@@ -126,3 +126,116 @@ fn stacks_add_up_and_keep_domains() {
     assert!(per_domain.len() > 1, "{per_domain:?}");
     assert_eq!(per_domain, theirs);
 }
+
+/// A trace of `exe` (pid `pid`) whose codes 100..106 mean `file:f<i>`, with allocations at
+/// backtraces of those codes, some collected.
+fn write_executable(path: &Path, pid: u64, exe: &str, file: &str) {
+    use memtrace_merge::{
+        AllocHeader, AllocSource, DomainId, Location, LocationCode, LocationList, Timestamp,
+        TraceInfo, Writer, WriterOptions,
+    };
+    use std::sync::Arc;
+    let info = TraceInfo {
+        sample_rate: 1e-4,
+        word_size: 64,
+        executable_name: exe.as_bytes().to_vec(),
+        host_name: b"test".to_vec(),
+        ocaml_runtime_params: b"".to_vec(),
+        pid,
+        start_time: Timestamp(1_000_000),
+        context: None,
+        initial_domain: DomainId(0),
+        version: 2,
+    };
+    let opts = WriterOptions {
+        version: 2,
+        lossless: true,
+    };
+    let mut w = Writer::new(std::fs::File::create(path).unwrap(), &info, opts).unwrap();
+    let locs = |c: LocationCode| -> Option<LocationList> {
+        let i = c.0 - 100;
+        Some(Arc::from(vec![Location {
+            filename: Arc::from(file.as_bytes()),
+            line: i as u32 + 1,
+            start_char: 1,
+            end_char: 9,
+            defname: Arc::from(format!("f{i}").as_bytes()),
+        }]))
+    };
+    let mut t = 1_000_000;
+    for k in 0..300u64 {
+        t += 10;
+        let bt: Vec<LocationCode> = (0..1 + k % 5)
+            .map(|i| LocationCode(100 + (k + i) % 6))
+            .collect();
+        let header = AllocHeader {
+            time: Timestamp(t),
+            domain: DomainId(0),
+            length: 3,
+            nsamples: 1 + k % 4,
+            source: AllocSource::Minor,
+        };
+        let id = w.put_alloc(&header, &bt, locs).unwrap();
+        if k % 2 == 0 {
+            w.put_collect(Timestamp(t + 1), DomainId(0), id).unwrap();
+        }
+    }
+    w.finish().unwrap();
+}
+
+/// Processes share the tree of backtraces, but each names its frames with its own location
+/// table: two executables whose codes mean other things never lend each other names.
+#[test]
+fn each_process_names_its_own_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.ctf"), dir.path().join("b.ctf"));
+    write_executable(&a, 1, "a.exe", "a.ml");
+    write_executable(&b, 2, "b.exe", "b.ml");
+    let an = analyze(&[a, b], &AnalysisOptions::default()).unwrap();
+    let file_of = |p: usize| ["a.ml", "b.ml"][p];
+    for by in [By::Function, By::Location, By::Backtrace] {
+        for mode in [Mode::Alloc, Mode::Peak, Mode::End] {
+            let top = an.top(mode, by, true);
+            for (p, sites) in top.process_sites.iter().enumerate() {
+                assert!(!sites.is_empty() || mode != Mode::Alloc);
+                for s in sites {
+                    assert!(
+                        s.frames.iter().all(|f| f.file == file_of(p)),
+                        "{by:?} {mode:?} {s:?}"
+                    );
+                }
+            }
+            // (the run's table names each process's sites apart)
+            let files: std::collections::HashSet<&str> = (top.sites.iter())
+                .flat_map(|s| s.frames.iter().map(|f| f.file.as_str()))
+                .collect();
+            if mode == Mode::Alloc {
+                assert_eq!(files.len(), 2, "{by:?}");
+            }
+        }
+    }
+    for s in an.stacks(Mode::Alloc) {
+        assert!(s
+            .frames
+            .iter()
+            .flatten()
+            .all(|f| f.file == file_of(s.process)));
+    }
+    for (stack, _) in an.folded(Mode::Alloc, Weight::Bytes, true) {
+        let pid_a = stack.starts_with("pid 1 ");
+        assert!(
+            stack.split(';').skip(1).all(|f| f.starts_with('f')),
+            "{stack}"
+        );
+        assert!(pid_a || stack.starts_with("pid 2 "), "{stack}");
+    }
+    let callers = an.callers(Mode::Alloc, Some(1));
+    assert!(!callers.is_empty());
+    for (site, cs) in callers {
+        assert_eq!(site[0].file, "b.ml");
+        assert!(cs
+            .iter()
+            .filter_map(|c| c.frame.as_ref())
+            .all(|f| f.file == "b.ml"));
+    }
+}

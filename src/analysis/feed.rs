@@ -2,7 +2,7 @@
 //! and their allocations counted there, so that the pass (on the caller's thread) mostly
 //! replays events; any thread decodes any stream, the pass too while it waits.
 
-use super::sites::{cell_key, define, CellTable, Ids, Path, Tree};
+use super::sites::{cell_key, define, Backtraces, Cell, CellTable, Ids, Path, StreamCells, Tree};
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
@@ -99,20 +99,21 @@ struct Decoding {
     reader: Option<Reader<LazyFile>>,
     counting: Counting,
     path: Path,
-    /// Its backtraces and cells.
-    tree: Tree,
-    /// Its cells by key.
-    cells: CellTable,
+    /// Every stream's backtraces.
+    backtraces: Arc<Mutex<Backtraces>>,
+    /// Its cells, and them by key.
+    cells: StreamCells,
+    by_key: CellTable,
     /// The codes its location events defined.
     table: LocationTable,
-    /// What each of its cells allocated, by their index in `tree`.
+    /// What each of its cells allocated, by their index in `cells`.
     allocated: Vec<Allocated>,
-    /// The last allocation's (cell key, cell id, its index in the tree): most follow one
+    /// The last allocation's (cell key, cell id, its index in `cells`): most follow one
     /// of the same site.
     last: Option<(u64, u32, u32)>,
 }
 
-/// Hands a stream's events to a batch, its backtraces interned in its tree.
+/// Hands a stream's events to a batch, its backtraces interned in the tree.
 struct Sink<'a> {
     s: &'a mut Decoding,
     ids: &'a mut Ids,
@@ -145,12 +146,18 @@ impl EventSink for Sink<'_> {
         let (cell, local) = match s.last {
             Some((k, id, local)) if k == key => (id, local),
             _ => {
-                let (id, local) = match s.cells.get(&key) {
+                let (id, local) = match s.by_key.get(&key) {
                     Some(&v) => v,
                     None => {
-                        let node = s.tree.intern(s.process, &s.path, backtrace);
-                        let v = s.tree.new_cell(node, s.domain, source, self.ids);
-                        s.cells.insert(key, v);
+                        let node = lock(&s.backtraces).intern(&s.path, backtrace);
+                        let cell = Cell {
+                            node,
+                            process: s.process,
+                            domain: s.domain,
+                            source,
+                        };
+                        let v = s.cells.new_cell(cell, self.ids);
+                        s.by_key.insert(key, v);
                         s.allocated.push(Allocated::default());
                         v
                     }
@@ -243,8 +250,7 @@ fn decode(s: &mut Decoding, ids: &mut Ids, mut out: Vec<Ev>, max: usize) -> Batc
         // (what only reading needs goes now, on this thread, rather than when the pass
         // is done and waits for it; the reader went with its last event)
         s.path = Path::default();
-        s.cells = CellTable::default();
-        s.tree.finished();
+        s.by_key = CellTable::default();
     }
     Batch {
         events: out,
@@ -340,6 +346,7 @@ pub(crate) struct Feed {
     done_tx: Sender<Done>,
     workers: Vec<JoinHandle<()>>,
     cell_ids: Arc<AtomicU32>,
+    backtraces: Arc<Mutex<Backtraces>>,
     /// The ids of the cells the pass makes when it decodes.
     ids: Ids,
     queues: Vec<Queue>,
@@ -367,6 +374,7 @@ impl Feed {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = (cores - 1).clamp(1, 4).min(streams.len().max(1));
         let cell_ids = Arc::new(AtomicU32::new(0));
+        let backtraces = Arc::new(Mutex::new(Backtraces::default()));
         let jobs = Arc::new(Jobs::default());
         let (done_tx, done) = channel::<Done>();
         let mut workers = Vec::new();
@@ -385,6 +393,7 @@ impl Feed {
             workers,
             ids: Ids::new(cell_ids.clone()),
             cell_ids,
+            backtraces: backtraces.clone(),
             queues: Vec::new(),
             batch,
             processes,
@@ -402,9 +411,10 @@ impl Feed {
                     domain: s.domain,
                     reader: Some(s.reader),
                     counting: s.counting,
-                    path: Path::of_process(s.process),
-                    tree: Tree::default(),
-                    cells: CellTable::default(),
+                    path: Path::new(),
+                    backtraces: backtraces.clone(),
+                    cells: StreamCells::default(),
+                    by_key: CellTable::default(),
                     table: LocationTable::default(),
                     allocated: Vec::new(),
                     last: None,
@@ -515,7 +525,7 @@ impl Feed {
     }
 
     /// Stop decoding; the tree, with every backtrace met, what each of its cells
-    /// allocated, and the order to number them in ([`Tree::combine`]).
+    /// allocated, and the order to number them in ([`Tree::join`]).
     pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
         let mut states: Vec<Box<Decoding>> =
             (self.jobs.close().into_iter()).map(|j| j.state).collect();
@@ -537,15 +547,16 @@ impl Feed {
         // pass stopped, at the end of a --to window)
         let cells = self.cell_ids.load(Ordering::Relaxed);
         let mut all = vec![Allocated::default(); cells as usize];
-        let mut trees = Vec::with_capacity(states.len());
+        let mut streams = Vec::with_capacity(states.len());
         for s in states {
             let s = *s;
             for (local, a) in s.allocated.into_iter().enumerate() {
-                all[s.tree.cell_number(local)] = a;
+                all[s.cells.number(local)] = a;
             }
-            trees.push((s.tree, s.process, s.table));
+            streams.push((s.cells, s.process, s.table));
         }
-        let (tree, order) = Tree::combine(trees, cells, self.processes);
+        let backtraces = std::mem::take(&mut *lock(&self.backtraces));
+        let (tree, order) = Tree::join(backtraces, streams, cells, self.processes);
         Ok((tree, all, order))
     }
 }

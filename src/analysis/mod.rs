@@ -389,16 +389,15 @@ impl Analysis {
 
     /// The process (input) of a cell.
     fn process_of(&self, cell: usize) -> u32 {
-        let tree = &self.pass.tree;
-        tree.nodes[tree.cells[cell].node as usize].process
+        self.pass.tree.cells[cell].process
     }
 
-    /// The site of a node, as `by` names it.
-    fn site(&self, node: u32, by: By) -> Vec<Frame> {
+    /// The site of a node of `process`, as `by` names it.
+    fn site(&self, process: u32, node: u32, by: By) -> Vec<Frame> {
         let tree = &self.pass.tree;
         match by {
             By::Function | By::Location => {
-                let f = match tree.allocation_point(node) {
+                let f = match tree.allocation_point(process, node) {
                     Some(l) => Frame::of(l, by == By::Location),
                     None => Frame::unknown(tree.nodes[node as usize].code),
                 };
@@ -406,7 +405,7 @@ impl Analysis {
             }
             By::Backtrace => (tree.stack(node).into_iter())
                 .flat_map(|n| {
-                    let locs = tree.frame(n);
+                    let locs = tree.frame(process, n);
                     if locs.is_empty() {
                         vec![Frame::unknown(tree.nodes[n as usize].code)]
                     } else {
@@ -432,7 +431,7 @@ impl Analysis {
         let mut by_frames: HashMap<Vec<Frame>, usize> = HashMap::new();
         // (a site is named once: the cells of one site key, most of them, find their row by
         // the key rather than by the frames' strings)
-        let mut row_of: IntMap<u64, usize> = IntMap::default();
+        let mut row_of: IntMap<(u64, u32), usize> = IntMap::default();
         let tree = &self.pass.tree;
         for (i, n) in self.pass.cells.iter().enumerate() {
             let owner = self.process_of(i);
@@ -447,14 +446,15 @@ impl Analysis {
             let node = tree.cells[i].node;
             let key = match by {
                 // (an allocation point is one location of one table: its address)
-                By::Function | By::Location => match tree.allocation_point(node) {
-                    Some(l) => l as *const Location as u64,
-                    None => 1 << 63 | u64::from(node),
+                By::Function | By::Location => match tree.allocation_point(owner, node) {
+                    Some(l) => (l as *const Location as u64, 0),
+                    None => (1 << 63 | u64::from(node), owner),
                 },
-                By::Backtrace => u64::from(node),
+                // (processes share nodes, which their own tables name)
+                By::Backtrace => (u64::from(node), owner),
             };
             let k = *row_of.entry(key).or_insert_with(|| {
-                let frames = self.site(node, by);
+                let frames = self.site(owner, node, by);
                 *by_frames.entry(frames.clone()).or_insert_with(|| {
                     rows.push(SiteRow {
                         frames,
@@ -495,7 +495,7 @@ impl Analysis {
             }
             let c = &tree.cells[i];
             let frames = (tree.stack(c.node).into_iter())
-                .map(|f| match tree.frame(f) {
+                .map(|f| match tree.frame(c.process, f) {
                     [] => vec![Frame::unknown(tree.nodes[f as usize].code)],
                     locs => locs.iter().map(|l| Frame::of(l, true)).collect(),
                 })
@@ -544,7 +544,8 @@ impl Analysis {
             if w == 0 {
                 continue;
             }
-            let mut names = self.pass.tree.folded_names(self.pass.tree.cells[i].node);
+            let c = &self.pass.tree.cells[i];
+            let mut names = self.pass.tree.folded_names(c.process, c.node);
             if by_process {
                 let p = &self.pass.processes[self.process_of(i) as usize];
                 let exe = p.executable.rsplit('/').next().unwrap_or("");

@@ -314,7 +314,13 @@ pub(crate) fn run(
     cancel: &Cancel,
 ) -> Result<Pass> {
     let filter = &opts.filter;
-    let (processes, mut streams) = open(names, sources, filter)?;
+    let (mut processes, mut streams) = open(names, sources, filter)?;
+    // (each process's ring of live objects sized as a merge sizes its inputs': their
+    // rings share a few MiB)
+    let ring = (1 << 19) / processes.len().max(1);
+    for p in processes.iter_mut() {
+        p.objects = LiveObjects::with_ring(ring);
+    }
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
             "no input left: --pid names no process of the inputs".into(),

@@ -7,33 +7,48 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// A node of the tree of backtraces: `code` called from `parent` (None: the program's
-/// entry). Node ids are global over the inputs of one analysis.
+/// entry). One tree holds every input's backtraces: a node is a path of codes, which each
+/// process's location table names ([`Cell::process`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Node {
     pub(crate) parent: Option<u32>,
     pub(crate) code: LocationCode,
-    pub(crate) process: u32,
 }
 
-/// What the analysis counts apart: one backtrace (node) of one domain and one kind of
-/// allocation, so that reports can filter and label by domain and source.
+/// What the analysis counts apart: one backtrace (node) of one process, domain and kind of
+/// allocation, so that reports can filter and label by them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cell {
     pub(crate) node: u32,
+    pub(crate) process: u32,
     pub(crate) domain: u16,
     pub(crate) source: AllocSource,
 }
 
-/// A tree of backtraces and the cells under them: one stream's while it is read, then every
-/// stream's ([`Tree::combine`]) with each input's location table.
+/// The backtraces met while the streams are read, shared by the threads that read them
+/// (under a lock, taken only when a stream meets a backtrace it had not met): workers of
+/// one executable share their paths, and thousands of inputs hold one tree, not thousands.
+#[derive(Default)]
+pub(crate) struct Backtraces {
+    nodes: Vec<Node>,
+    /// The node of each backtrace met, by fingerprint (those of all their prefixes too).
+    by_fingerprint: IntMap<u64, u32>,
+}
+
+/// A stream's cells, while it is read.
+#[derive(Default)]
+pub(crate) struct StreamCells {
+    cells: Vec<Cell>,
+    /// The id of each.
+    numbers: Vec<u32>,
+}
+
+/// Every stream's backtraces and cells, joined ([`Tree::join`]), with each input's location
+/// table: what the reports name sites with.
 #[derive(Default)]
 pub(crate) struct Tree {
     pub(crate) nodes: Vec<Node>,
-    /// The node of each backtrace met, by fingerprint (those of all their prefixes too).
-    by_fingerprint: IntMap<u64, u32>,
     pub(crate) cells: Vec<Cell>,
-    /// The id of each of `cells`.
-    cell_numbers: Vec<u32>,
     pub(crate) locations: Vec<LocationTable>,
 }
 
@@ -67,7 +82,7 @@ impl Ids {
 /// known by the work of its new frames only.
 ///
 /// A backtrace is known by a fingerprint of its frames (64 bits: a chain of multiply-folds
-/// over the codes, from a seed of its process), so that finding its cell is one table
+/// over the codes), so that finding its cell is one table
 /// lookup, not one step a frame through the tree: deep recursions give thousands of new
 /// frames an allocation. Two different backtraces get one fingerprint (and share a cell)
 /// with a chance of about 2^-64 a pair: for a million backtraces, about 3 in 10^8.
@@ -92,11 +107,9 @@ fn step(h: u64, code: u64) -> u64 {
 }
 
 impl Path {
-    /// The path of a stream of `process`.
-    pub(crate) fn of_process(process: u32) -> Path {
-        Path {
-            fps: vec![step(SEED, u64::from(process))],
-        }
+    /// The path of a stream before its first backtrace.
+    pub(crate) fn new() -> Path {
+        Path { fps: vec![SEED] }
     }
 
     /// The fingerprint of `backtrace` (caller first), whose first `common` frames are
@@ -132,15 +145,15 @@ const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
 /// No node.
 const NONE: u32 = u32::MAX;
 
-impl Tree {
+impl Backtraces {
     /// The node of `backtrace` (caller first), which [`Path::fingerprint`] has just made
     /// `path`'s: the nodes of its frames past its longest prefix already met are made.
-    pub(crate) fn intern(&mut self, process: u32, path: &Path, backtrace: &[LocationCode]) -> u32 {
+    pub(crate) fn intern(&mut self, path: &Path, backtrace: &[LocationCode]) -> u32 {
         let fps = &path.fps;
         if backtrace.is_empty() {
             // (no backtrace: one node of its own, under no frame any trace defines)
             let key = step(fps[0], NO_BACKTRACE.0);
-            return self.node(key, None, NO_BACKTRACE, process);
+            return self.node(key, None, NO_BACKTRACE);
         }
         // (the prefixes met are closed under taking a prefix: the longest is found by
         // halving, and every node past it is new)
@@ -172,93 +185,70 @@ impl Tree {
         }
         let mut parent = (known > 0).then(|| self.by_fingerprint[&fps[known]]);
         for k in known..n {
-            parent = Some(self.node(fps[k + 1], parent, backtrace[k], process));
+            parent = Some(self.node(fps[k + 1], parent, backtrace[k]));
         }
         parent.unwrap_or(NONE)
     }
 
-    /// Its stream has ended: no backtrace is looked up any more.
-    pub(crate) fn finished(&mut self) {
-        self.by_fingerprint = IntMap::default();
-    }
-
     /// The node of fingerprint `key`, made if new.
-    fn node(&mut self, key: u64, parent: Option<u32>, code: LocationCode, process: u32) -> u32 {
+    fn node(&mut self, key: u64, parent: Option<u32>, code: LocationCode) -> u32 {
         let next = self.nodes.len() as u32;
         let n = *self.by_fingerprint.entry(key).or_insert(next);
         if n == next {
-            self.nodes.push(Node {
-                parent,
-                code,
-                process,
-            });
+            self.nodes.push(Node { parent, code });
         }
         n
     }
+}
 
-    /// A new cell: an allocation at `node` in `domain` of kind `source`, its id from
-    /// `ids`. Returns the id and its index in this tree.
-    pub(crate) fn new_cell(
-        &mut self,
-        node: u32,
-        domain: u16,
-        source: AllocSource,
-        ids: &mut Ids,
-    ) -> (u32, u32) {
+impl StreamCells {
+    /// A new cell: an allocation of `process` at `node` in `domain` of kind `source`, its
+    /// id from `ids`. Returns the id and its index among the stream's cells.
+    pub(crate) fn new_cell(&mut self, cell: Cell, ids: &mut Ids) -> (u32, u32) {
         let local = self.cells.len() as u32;
         let id = ids.next();
-        self.cells.push(Cell {
-            node,
-            domain,
-            source,
-        });
-        self.cell_numbers.push(id);
+        self.cells.push(cell);
+        self.numbers.push(id);
         (id, local)
     }
 
-    /// The id of this tree's cell `local`.
-    pub(crate) fn cell_number(&self, local: usize) -> usize {
-        self.cell_numbers[local] as usize
+    /// The id of cell `local`.
+    pub(crate) fn number(&self, local: usize) -> usize {
+        self.numbers[local] as usize
     }
+}
 
-    /// One tree of every stream's (with its process and location table, in stream order),
-    /// with a location table for each of `processes`; its cells (`cells` ids were handed
-    /// out) in the order of their ids. Also the order to number them in, so that outputs
-    /// do not depend on the threads' timing: by stream, in the order each met them
-    /// (`order[k]` is the id of the k-th).
-    pub(crate) fn combine(
-        streams: Vec<(Tree, u32, LocationTable)>,
+impl Tree {
+    /// The tree of `backtraces` and every stream's cells (with its process and location
+    /// table, in stream order), with a location table for each of `processes`; its cells
+    /// (`cells` ids were handed out) in the order of their ids. Also the order to number
+    /// them in, so that outputs do not depend on the threads' timing: by stream, in the
+    /// order each met them (`order[k]` is the id of the k-th).
+    pub(crate) fn join(
+        backtraces: Backtraces,
+        streams: Vec<(StreamCells, u32, LocationTable)>,
         cells: u32,
         processes: usize,
     ) -> (Tree, Vec<u32>) {
-        let nodes = streams.iter().map(|(t, ..)| t.nodes.len()).sum();
         let mut out = Tree {
-            nodes: Vec::with_capacity(nodes),
+            nodes: backtraces.nodes,
             cells: vec![
                 Cell {
                     node: 0,
+                    process: 0,
                     domain: 0,
                     source: AllocSource::Minor,
                 };
                 cells as usize
             ],
             locations: vec![LocationTable::default(); processes],
-            ..Tree::default()
         };
         let mut order = Vec::new();
-        for (t, process, table) in streams {
-            let off = out.nodes.len() as u32;
-            (out.nodes).extend(t.nodes.iter().map(|n| Node {
-                parent: n.parent.map(|p| p + off),
-                ..*n
-            }));
-            for (c, &id) in t.cells.iter().zip(&t.cell_numbers) {
-                out.cells[id as usize] = Cell {
-                    node: c.node + off,
-                    ..*c
-                };
+        for (s, process, table) in streams {
+            for (c, &id) in s.cells.iter().zip(&s.numbers) {
+                out.cells[id as usize] = *c;
             }
-            order.extend_from_slice(&t.cell_numbers);
+            order.extend_from_slice(&s.numbers);
             // (a process's domains define its codes alike; where they do not, which the
             // reference reader refuses, the first stream's definition is kept)
             let all = &mut out.locations[process as usize];
@@ -278,11 +268,11 @@ impl Tree {
         self.cells = order.iter().map(|&id| self.cells[id as usize]).collect();
     }
 
-    /// The locations of a node's frame (inlined calls: outermost first); empty when the
-    /// trace never defined its code.
-    pub(crate) fn frame(&self, node: u32) -> &[Location] {
+    /// The locations of a node's frame (inlined calls: outermost first) in `process`;
+    /// empty when its trace never defined the code.
+    pub(crate) fn frame(&self, process: u32, node: u32) -> &[Location] {
         let n = &self.nodes[node as usize];
-        (self.locations.get(n.process as usize))
+        (self.locations.get(process as usize))
             .and_then(|t| t.get(&n.code))
             .map_or(&[], |l: &LocationList| &l[..])
     }
@@ -299,14 +289,14 @@ impl Tree {
         v
     }
 
-    /// The allocation point of a backtrace as memtrace's hotspots tool takes it: the
-    /// innermost location of its last frame, or of up to two frames above when a frame's
-    /// code names no location.
-    pub(crate) fn allocation_point(&self, node: u32) -> Option<&Location> {
+    /// The allocation point of a backtrace of `process` as memtrace's hotspots tool takes
+    /// it: the innermost location of its last frame, or of up to two frames above when a
+    /// frame's code names no location.
+    pub(crate) fn allocation_point(&self, process: u32, node: u32) -> Option<&Location> {
         let mut at = Some(node);
         for _ in 0..3 {
             let n = at?;
-            if let Some(l) = self.frame(n).last() {
+            if let Some(l) = self.frame(process, n).last() {
                 return Some(l);
             }
             at = self.nodes[n as usize].parent;
@@ -314,13 +304,13 @@ impl Tree {
         None
     }
 
-    /// The function names of a backtrace, caller first, as memtrace's flamegraph tool
-    /// gives them: every location of every frame, a name repeated next to itself once,
-    /// then each name only where it first appears (recursion folded).
-    pub(crate) fn folded_names(&self, node: u32) -> Vec<String> {
+    /// The function names of a backtrace of `process`, caller first, as memtrace's
+    /// flamegraph tool gives them: every location of every frame, a name repeated next to
+    /// itself once, then each name only where it first appears (recursion folded).
+    pub(crate) fn folded_names(&self, process: u32, node: u32) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();
         for n in self.stack(node) {
-            for l in self.frame(n) {
+            for l in self.frame(process, n) {
                 let name = String::from_utf8_lossy(&l.defname).into_owned();
                 if names.last() != Some(&name) {
                     names.push(name);
@@ -405,19 +395,18 @@ mod tests {
     fn a_fingerprint_is_the_frames() {
         let a = codes(&[1, 2, 3, 4, 5]);
         let b = codes(&[1, 2, 3, 9]);
-        let mut alone = Path::of_process(0);
+        let mut alone = Path::new();
         let fb = alone.fingerprint(0, &b);
         for common in 0..=3 {
-            let mut p = Path::of_process(0);
+            let mut p = Path::new();
             p.fingerprint(0, &a);
             assert_eq!(p.fingerprint(common, &b), fb, "common {common}");
         }
-        // (another process, or one frame more or less, is another backtrace)
-        assert_ne!(Path::of_process(1).fingerprint(0, &b), fb);
+        // (one frame more or less is another backtrace)
         assert_ne!(alone.fingerprint(4, &codes(&[1, 2, 3, 9, 9])), fb);
         assert_ne!(alone.fingerprint(0, &codes(&[1, 2, 3])), fb);
         // (a prefix longer than the previous backtrace: the frames decide)
-        let mut p = Path::of_process(0);
+        let mut p = Path::new();
         p.fingerprint(0, &codes(&[1]));
         assert_eq!(p.fingerprint(3, &b), fb);
         assert_ne!(
@@ -426,11 +415,11 @@ mod tests {
         );
     }
 
-    /// A node is its backtrace: its stack gives the frames back, backtraces sharing a
-    /// prefix share its nodes, and a process's nodes are its own.
+    /// A node is its backtrace: its stack gives the frames back, and backtraces sharing
+    /// a prefix share its nodes, whichever stream met them.
     #[test]
     fn a_node_is_its_stack() {
-        let mut t = Tree::default();
+        let mut t = Backtraces::default();
         let bts = [
             codes(&[1, 2, 3]),
             codes(&[1, 2, 3, 3, 3, 3]),
@@ -439,31 +428,37 @@ mod tests {
             codes(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]),
             codes(&[]),
         ];
-        let mut p = Path::of_process(0);
+        let mut p = Path::new();
         let mut prefixes = std::collections::HashSet::new();
+        let mut nodes = Vec::new();
         for bt in &bts {
             p.fingerprint(0, bt);
-            let n = t.intern(0, &p, bt);
-            let got: Vec<LocationCode> = t
-                .stack(n)
-                .iter()
-                .map(|&n| t.nodes[n as usize].code)
+            nodes.push(t.intern(&p, bt));
+            for k in 1..=bt.len() {
+                prefixes.insert(bt[..k].to_vec());
+            }
+        }
+        assert_eq!(t.nodes.len(), prefixes.len() + 1);
+        // (another stream, its backtraces in another order)
+        let mut q = Path::new();
+        for (bt, &n) in bts.iter().zip(&nodes).rev() {
+            q.fingerprint(0, bt);
+            assert_eq!(t.intern(&q, bt), n);
+        }
+        assert_eq!(t.nodes.len(), prefixes.len() + 1);
+        let tree = Tree {
+            nodes: t.nodes,
+            ..Tree::default()
+        };
+        for (bt, &n) in bts.iter().zip(&nodes) {
+            let got: Vec<LocationCode> = (tree.stack(n).iter())
+                .map(|&n| tree.nodes[n as usize].code)
                 .collect();
             if bt.is_empty() {
                 assert_eq!(got, vec![NO_BACKTRACE]);
             } else {
                 assert_eq!(&got, bt);
             }
-            for k in 1..=bt.len() {
-                prefixes.insert(bt[..k].to_vec());
-            }
         }
-        assert_eq!(t.nodes.len(), prefixes.len() + 1);
-        let before = t.nodes.len();
-        let mut q = Path::of_process(1);
-        q.fingerprint(0, &bts[0]);
-        let n = t.intern(1, &q, &bts[0]);
-        assert_eq!(t.nodes.len(), before + 3);
-        assert_eq!(t.nodes[n as usize].process, 1);
     }
 }

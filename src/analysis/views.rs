@@ -41,11 +41,16 @@ impl Hash for Place<'_> {
 
 /// The location that called the allocation point `point` of `node`'s backtrace: the one
 /// before it, caller first, over the frames and their inlined calls.
-fn caller_of<'t>(tree: &'t Tree, node: u32, point: &Location) -> Option<&'t Location> {
+fn caller_of<'t>(
+    tree: &'t Tree,
+    process: u32,
+    node: u32,
+    point: &Location,
+) -> Option<&'t Location> {
     let mut found = false;
     let mut at = Some(node);
     while let Some(n) = at {
-        for l in tree.frame(n).iter().rev() {
+        for l in tree.frame(process, n).iter().rev() {
             if found {
                 return Some(l);
             }
@@ -59,11 +64,11 @@ fn caller_of<'t>(tree: &'t Tree, node: u32, point: &Location) -> Option<&'t Loca
 /// A backtrace's folded stack as [`Analysis::folded`] names it (the function names, caller
 /// first, each where it first appears, `;` in a name made `_`), made without a string for
 /// each name: a report names every backtrace of the run.
-fn folded_name(tree: &Tree, node: u32) -> String {
+fn folded_name(tree: &Tree, process: u32, node: u32) -> String {
     let mut seen: Vec<&[u8]> = Vec::new();
     let mut out = String::new();
     for n in tree.stack(node) {
-        for l in tree.frame(n) {
+        for l in tree.frame(process, n) {
             let name: &[u8] = &l.defname;
             if seen.contains(&name) {
                 continue;
@@ -132,7 +137,8 @@ impl Analysis {
             if values.iter().all(|v| *v == (0, 0)) {
                 continue;
             }
-            let name = folded_name(&self.pass.tree, self.pass.tree.cells[i].node);
+            let c = &self.pass.tree.cells[i];
+            let name = folded_name(&self.pass.tree, c.process, c.node);
             for (m, (run, mine)) in values.into_iter().enumerate() {
                 for (k, v) in [(Some(0), run), (own, mine)] {
                     if let (Some(k), true) = (k, v > 0) {
@@ -174,8 +180,11 @@ impl Analysis {
                 continue;
             }
             let node = tree.cells[i].node;
-            let key = match tree.allocation_point(node) {
-                Some(l) => (Ok(Place(l)), caller_of(tree, node, l).map(Place)),
+            let key = match tree.allocation_point(owner as u32, node) {
+                Some(l) => (
+                    Ok(Place(l)),
+                    caller_of(tree, owner as u32, node, l).map(Place),
+                ),
                 None => (Err(tree.nodes[node as usize].code), None),
             };
             *sums.entry(key).or_default() += value;
