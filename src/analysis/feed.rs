@@ -9,7 +9,7 @@ use crate::format::location::{LocationList, LocationTable};
 use crate::pipeline::files::LazyFile;
 use crate::reader::{EventSink, Reader};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -345,7 +345,6 @@ pub(crate) struct Feed {
     done: Receiver<Done>,
     done_tx: Sender<Done>,
     workers: Vec<JoinHandle<()>>,
-    cell_ids: Arc<AtomicU32>,
     backtraces: Arc<Mutex<Backtraces>>,
     /// The ids of the cells the pass makes when it decodes.
     ids: Ids,
@@ -391,8 +390,7 @@ impl Feed {
             done,
             done_tx,
             workers,
-            ids: Ids::new(cell_ids.clone()),
-            cell_ids,
+            ids: Ids::new(cell_ids),
             backtraces: backtraces.clone(),
             queues: Vec::new(),
             batch,
@@ -524,8 +522,8 @@ impl Feed {
         })
     }
 
-    /// Stop decoding; the tree, with every backtrace met, what each of its cells
-    /// allocated, and the order to number them in ([`Tree::join`]).
+    /// Stop decoding; the tree, with every backtrace met and every cell ([`Tree::join`]),
+    /// what each cell allocated and the id it had, in the tree's order of cells.
     pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
         let mut states: Vec<Box<Decoding>> =
             (self.jobs.close().into_iter()).map(|j| j.state).collect();
@@ -543,20 +541,15 @@ impl Feed {
             ));
         }
         states.sort_by_key(|s| s.stream);
-        // (counted once every thread has ended: a thread may have made cells after the
-        // pass stopped, at the end of a --to window)
-        let cells = self.cell_ids.load(Ordering::Relaxed);
-        let mut all = vec![Allocated::default(); cells as usize];
+        let mut allocated = Vec::new();
         let mut streams = Vec::with_capacity(states.len());
         for s in states {
             let s = *s;
-            for (local, a) in s.allocated.into_iter().enumerate() {
-                all[s.cells.number(local)] = a;
-            }
+            allocated.extend_from_slice(&s.allocated);
             streams.push((s.cells, s.process, s.table));
         }
         let backtraces = std::mem::take(&mut *lock(&self.backtraces));
-        let (tree, order) = Tree::join(backtraces, streams, cells, self.processes);
-        Ok((tree, all, order))
+        let (tree, ids) = Tree::join(backtraces, streams, self.processes);
+        Ok((tree, allocated, ids))
     }
 }

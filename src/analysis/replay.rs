@@ -365,23 +365,25 @@ pub(crate) fn run(
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
-    let (tree, allocated, order) = feed.finish()?;
+    let (tree, allocated, ids) = feed.finish()?;
     r.pass.tree = tree;
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
-    // (ids were handed out as the threads met cells, `allocated` has a figure for each;
-    // outputs list cells in id order, which must not change from run to run)
-    r.pass.tree.renumber(&order);
+    // (the pass knew cells by the ids the threads handed out as they met them; the tree
+    // lists them in an order that does not depend on the threads)
     let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
-    r.pass.cells = (order.iter().map(|&id| id as usize))
-        .map(|id| NodeStats {
-            allocated: allocated[id],
-            live: r.cells.get(id).map_or(0, |c| c.live),
-            at_peak: get(&r.at_peak, id),
-            at_own_peak: get(&r.at_own_peak, id),
-            at_time: r.at_time.as_deref().map_or(0, |v| get(v, id)),
+    r.pass.cells = (allocated.into_iter().zip(ids))
+        .map(|(allocated, id)| {
+            let id = id as usize;
+            NodeStats {
+                allocated,
+                live: r.cells.get(id).map_or(0, |c| c.live),
+                at_peak: get(&r.at_peak, id),
+                at_own_peak: get(&r.at_own_peak, id),
+                at_time: r.at_time.as_deref().map_or(0, |v| get(v, id)),
+            }
         })
         .collect();
     Ok(r.pass)

@@ -211,44 +211,28 @@ impl StreamCells {
         self.numbers.push(id);
         (id, local)
     }
-
-    /// The id of cell `local`.
-    pub(crate) fn number(&self, local: usize) -> usize {
-        self.numbers[local] as usize
-    }
 }
 
 impl Tree {
     /// The tree of `backtraces` and every stream's cells (with its process and location
-    /// table, in stream order), with a location table for each of `processes`; its cells
-    /// (`cells` ids were handed out) in the order of their ids. Also the order to number
-    /// them in, so that outputs do not depend on the threads' timing: by stream, in the
-    /// order each met them (`order[k]` is the id of the k-th).
+    /// table, in stream order), with a location table for each of `processes`. Its cells
+    /// are in stream order, each stream's in the order it met them, so that outputs do not
+    /// depend on the threads' timing; also the id each had while the streams were read.
     pub(crate) fn join(
         backtraces: Backtraces,
         streams: Vec<(StreamCells, u32, LocationTable)>,
-        cells: u32,
         processes: usize,
     ) -> (Tree, Vec<u32>) {
+        let n = streams.iter().map(|(s, ..)| s.cells.len()).sum();
         let mut out = Tree {
             nodes: backtraces.nodes,
-            cells: vec![
-                Cell {
-                    node: 0,
-                    process: 0,
-                    domain: 0,
-                    source: AllocSource::Minor,
-                };
-                cells as usize
-            ],
+            cells: Vec::with_capacity(n),
             locations: vec![LocationTable::default(); processes],
         };
-        let mut order = Vec::new();
+        let mut ids = Vec::with_capacity(n);
         for (s, process, table) in streams {
-            for (c, &id) in s.cells.iter().zip(&s.numbers) {
-                out.cells[id as usize] = *c;
-            }
-            order.extend_from_slice(&s.numbers);
+            out.cells.extend_from_slice(&s.cells);
+            ids.extend_from_slice(&s.numbers);
             // (a process's domains define its codes alike; where they do not, which the
             // reference reader refuses, the first stream's definition is kept)
             let all = &mut out.locations[process as usize];
@@ -260,12 +244,7 @@ impl Tree {
                 }
             }
         }
-        (out, order)
-    }
-
-    /// Number the cells again: the k-th is the one that was `order[k]`.
-    pub(crate) fn renumber(&mut self, order: &[u32]) {
-        self.cells = order.iter().map(|&id| self.cells[id as usize]).collect();
+        (out, ids)
     }
 
     /// The locations of a node's frame (inlined calls: outermost first) in `process`;
