@@ -502,7 +502,7 @@ impl Replay {
             let cell = ev.cell;
             if self.cells.len() <= cell as usize {
                 // (cells are the decoding threads' until the end)
-                let n = (cell as usize + 1).max(2 * self.cells.len());
+                let n = cell as usize + 1;
                 self.cells.resize(n, LiveCell::default());
                 self.at_peak.resize(n, 0);
                 self.at_own_peak.resize(n, 0);
