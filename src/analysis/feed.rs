@@ -319,6 +319,18 @@ impl Jobs {
     }
 }
 
+/// The error when a decoding thread panicked.
+fn panicked() -> Error {
+    Error::Internal("a decoding thread panicked".into())
+}
+
+impl Drop for Feed {
+    /// The threads end with the feed (after an error, or a cancel, before its end).
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // (a thread that panicked holding it left the queue whole: a push or a pop)
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -342,8 +354,8 @@ struct Queue {
 /// The streams' events, decoded ahead on other threads.
 pub(crate) struct Feed {
     jobs: Arc<Jobs>,
-    done: Receiver<Done>,
-    done_tx: Sender<Done>,
+    /// Batches decoded by the threads (None: a thread panicked).
+    done: Receiver<Option<Done>>,
     workers: Vec<JoinHandle<()>>,
     backtraces: Arc<Mutex<Backtraces>>,
     /// The ids of the cells the pass makes when it decodes.
@@ -355,11 +367,16 @@ pub(crate) struct Feed {
     pub(crate) warnings: Vec<(u32, String)>,
 }
 
-/// A decoding thread: jobs in, batches out, until the queue is closed.
-fn decoder(jobs: Arc<Jobs>, out: Sender<Done>, mut ids: Ids, batch: usize) {
+/// A decoding thread: jobs in, batches out, until the queue is closed. (A panic, which no
+/// input should cause, is said to the pass rather than leaving it waiting for a batch.)
+fn decoder(jobs: Arc<Jobs>, out: Sender<Option<Done>>, mut ids: Ids, batch: usize) {
     while let Some(Job { mut state, buf }) = jobs.take() {
-        let batch = decode(&mut state, &mut ids, buf, batch);
-        if out.send(Done { state, batch }).is_err() {
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            decode(&mut state, &mut ids, buf, batch)
+        }));
+        let done = decoded.ok().map(|batch| Done { state, batch });
+        let panicked = done.is_none();
+        if out.send(done).is_err() || panicked {
             break;
         }
     }
@@ -375,7 +392,7 @@ impl Feed {
         let cell_ids = Arc::new(AtomicU32::new(0));
         let backtraces = Arc::new(Mutex::new(Backtraces::default()));
         let jobs = Arc::new(Jobs::default());
-        let (done_tx, done) = channel::<Done>();
+        let (done_tx, done) = channel::<Option<Done>>();
         let mut workers = Vec::new();
         for _ in 0..k {
             let (jobs, out, ids) = (jobs.clone(), done_tx.clone(), Ids::new(cell_ids.clone()));
@@ -388,7 +405,6 @@ impl Feed {
         let mut f = Feed {
             jobs,
             done,
-            done_tx,
             workers,
             ids: Ids::new(cell_ids),
             backtraces: backtraces.clone(),
@@ -498,28 +514,27 @@ impl Feed {
                 return Ok(false);
             }
             if let Ok(d) = self.done.try_recv() {
-                self.arrived(d);
+                self.arrived(d.ok_or_else(panicked)?);
             } else if let Some(Job { mut state, buf }) = self.jobs.take_now(i as u32) {
                 let batch = decode(&mut state, &mut self.ids, buf, self.batch);
                 self.arrived(Done { state, batch });
             } else {
-                match self.done.recv() {
-                    Ok(d) => self.arrived(d),
-                    Err(_) => return Err(self.failed()),
-                }
+                // (every thread gone, their batches taken: none will come)
+                let d = self.done.recv().map_err(|_| panicked())?;
+                self.arrived(d.ok_or_else(panicked)?);
             }
         }
     }
 
-    /// The decoding threads' end, when a batch will not come.
-    fn failed(&mut self) -> Error {
+    /// Close the queue of jobs and wait for the threads; true if one panicked.
+    fn stop(&mut self) -> bool {
         self.jobs.close();
-        let panicked = self.workers.drain(..).any(|w| w.join().is_err());
-        Error::Internal(if panicked {
-            "a decoding thread panicked".into()
-        } else {
-            "a decoding thread ended early".into()
-        })
+        // (every thread joined, not only up to the first that panicked)
+        let mut panicked = false;
+        for w in self.workers.drain(..) {
+            panicked |= w.join().is_err();
+        }
+        panicked
     }
 
     /// Stop decoding; the tree, with every backtrace met and every cell ([`Tree::join`]),
@@ -527,13 +542,12 @@ impl Feed {
     pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
         let mut states: Vec<Box<Decoding>> =
             (self.jobs.close().into_iter()).map(|j| j.state).collect();
-        for w in self.workers.drain(..) {
-            if w.join().is_err() {
-                return Err(Error::Internal("a decoding thread panicked".into()));
-            }
+        if self.stop() {
+            return Err(panicked());
         }
-        drop(self.done_tx);
-        states.extend(self.done.try_iter().map(|d| d.state));
+        for d in self.done.try_iter() {
+            states.push(d.ok_or_else(panicked)?.state);
+        }
         states.extend(self.queues.iter_mut().filter_map(|q| q.home.take()));
         if states.len() != self.queues.len() {
             return Err(Error::Internal(
