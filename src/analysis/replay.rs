@@ -211,13 +211,17 @@ fn open(
     let mut processes = Vec::new();
     let mut streams = Vec::new();
     let pool = FilePool::from_rlimit_share(1);
-    // (many inputs: each read a window of its packet at a time, their location lists
-    // shared, as a merge reads them)
-    let locations = (names.len() > BUFFERED_STREAMS).then(Arc::<LocationPool>::default);
+    // (as a merge reads them: several inputs share their location lists, and many read
+    // a window of their packet at a time)
+    let locations = (names.len() > 1).then(Arc::<LocationPool>::default);
+    let windows = names.len() > BUFFERED_STREAMS;
     for (name, path) in names.iter().zip(sources) {
-        let file_size = std::fs::metadata(path).map_or(0, |m| m.len());
-        let window = locations.as_ref().map(|l| (file_size, l));
-        let r = open_as(&pool, path, name, window)?;
+        let window = windows.then(|| std::fs::metadata(path).map_or(0, |m| m.len()));
+        let read = Read {
+            locations: locations.as_ref(),
+            window,
+        };
+        let r = open_as(&pool, path, name, read)?;
         let info = r.info().clone();
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
             continue;
@@ -257,7 +261,7 @@ fn open(
             }
             let mut r = match first.take() {
                 Some(r) => r,
-                None => open_as(&pool, path, name, window)?,
+                None => open_as(&pool, path, name, read)?,
             };
             if info.version >= 3 {
                 r.set_domain_filter(Some(d));
@@ -283,26 +287,34 @@ fn open(
     Ok((processes, streams))
 }
 
-/// A reader of `source`, which messages name `name` (a spooled pipe by its own name),
-/// reading a window at a time when given the file's length and the pool of location lists
-/// its readers share (`window`).
+/// How an input is read: its location lists kept in a pool the readers share, and a
+/// window of its packet at a time (the file's length given).
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    locations: Option<&'a Arc<LocationPool>>,
+    window: Option<u64>,
+}
+
+/// A reader of `source`, which messages name `name` (a spooled pipe by its own name), read
+/// as `read` says.
 /// (Files are opened lazily under a budget of descriptors, as a merge's are, so that as
 /// many inputs as a merge takes can be analysed under a small `ulimit -n`.)
 fn open_as(
     pool: &FilePool,
     source: &std::path::Path,
     name: &std::path::Path,
-    window: Option<(u64, &Arc<LocationPool>)>,
+    read: Read,
 ) -> Result<Reader<LazyFile>> {
     let f = pool
         .open(source)
         .map_err(|e| Error::input(name, "open", e))?;
     let name = name.display().to_string();
-    match window {
-        Some((file_len, locations)) => {
+    match (read.locations, read.window) {
+        (Some(locations), Some(file_len)) => {
             Reader::windowed(f, &name, READ_WINDOW, file_len, locations.clone())
         }
-        None => Reader::new(f, &name),
+        (Some(locations), None) => Reader::pooled(f, &name, 1 << 16, locations.clone()),
+        (None, _) => Reader::new(f, &name),
     }
 }
 

@@ -11,10 +11,10 @@ use super::MergeOptions;
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::event::LocationCode;
-use crate::format::location::{IntMap, LocationList};
+use crate::format::location::{IntMap, LocationList, LocationPool};
 use crate::pipeline::verbatim::{survey, Survey};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// For each input of `opened`, its survey when its packets are to be copied. A merge in
 /// format 3 of several inputs, untagged, copies (unless told not to) each input at the
@@ -66,6 +66,8 @@ fn survey_all(opened: &[Opened], which: &[usize], cancel: &Cancel) -> Result<Vec
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cpus.min(which.len()).max(1);
     let next = AtomicUsize::new(0);
+    // (inputs of one executable define their codes alike: one copy of each list for all)
+    let locations = Arc::new(LocationPool::default());
     let done: Mutex<Vec<Option<Result<Survey>>>> =
         Mutex::new((0..which.len()).map(|_| None).collect());
     std::thread::scope(|s| {
@@ -73,7 +75,7 @@ fn survey_all(opened: &[Opened], which: &[usize], cancel: &Cancel) -> Result<Vec
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&k) = which.get(i) else { break };
-                let r = survey(&opened[k].source, &opened[k].path, cancel);
+                let r = survey(&opened[k].source, &opened[k].path, &locations, cancel);
                 if let Ok(mut d) = done.lock() {
                     d[i] = Some(r);
                 }

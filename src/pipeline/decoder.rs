@@ -145,9 +145,11 @@ struct Shared {
     batch_frames: usize,
     /// Batches carry hints (but for streams encoded ahead, which always use them).
     hints: bool,
-    /// Readers read their packets a window at a time rather than whole (past
-    /// [`BUFFERED_STREAMS`]): the location lists they share.
+    /// The location lists the readers share (with several streams).
     locations: Option<Arc<LocationPool>>,
+    /// Readers read their packets a window at a time rather than whole (past
+    /// [`BUFFERED_STREAMS`]).
+    windows: bool,
     /// Batches queued per stream ahead of the consumer: [`DEPTH`], fewer with many
     /// streams, whose batches would otherwise hold most of the merge's memory.
     depth: usize,
@@ -298,7 +300,8 @@ impl Decoder {
             batch_events: (131_072 / nstreams).clamp(32, most_events),
             batch_frames: (FRAMES_QUEUED / nstreams).clamp(256, BATCH_FRAMES),
             hints: nstreams <= HINTED_STREAMS,
-            locations: (nstreams > BUFFERED_STREAMS).then(Default::default),
+            locations: (nstreams > 1).then(Default::default),
+            windows: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
             // (every stream wants its first batch; with few, none is ever listed)
             todo: (0..n)
@@ -742,7 +745,10 @@ fn open_stream(sh: &Shared, pool: &FilePool, s: StreamSpec) -> DecState {
         .and_then(|f| {
             let name = s.name.display().to_string();
             match &sh.locations {
-                Some(lp) => Reader::windowed(f, &name, READ_WINDOW, s.size, lp.clone()),
+                Some(lp) if sh.windows => {
+                    Reader::windowed(f, &name, READ_WINDOW, s.size, lp.clone())
+                }
+                Some(lp) => Reader::pooled(f, &name, sh.read_bytes, lp.clone()),
                 None => Reader::with_buffer(f, &name, sh.read_bytes),
             }
         });

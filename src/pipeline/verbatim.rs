@@ -12,12 +12,13 @@ use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::buf::{Cursor, WriteBuf};
 use crate::format::event::{AllocSource, LocationCode};
-use crate::format::location::LocationList;
+use crate::format::location::{LocationList, LocationPool};
 use crate::format::packet::{header_size, PacketHeader, MAX_PACKET_SIZE};
 use crate::reader::{EventSink, Reader};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Ids above this are not followed (a format-3 trace's chunks may be sparse): its packets
 /// are then not copied.
@@ -129,8 +130,14 @@ impl EventSink for Lives<'_> {
 /// says why its packets may not be copied (a warning of the reader, an error, an object
 /// promoted or collected out of turn, a packet that would outgrow the reference's buffer,
 /// the merge cancelled).
-pub fn survey(path: &Path, name: &Path, cancel: &Cancel) -> Result<Survey> {
-    let mut r = Reader::open(path)?;
+pub fn survey(
+    path: &Path,
+    name: &Path,
+    locations: &Arc<LocationPool>,
+    cancel: &Cancel,
+) -> Result<Survey> {
+    let f = File::open(path).map_err(|e| Error::input(name, "open", e))?;
+    let mut r = Reader::pooled(f, &name.display().to_string(), 1 << 16, locations.clone())?;
     let mut lives = Lives {
         state: Vec::new(),
         bad: None,
@@ -159,7 +166,7 @@ enum Walk {
 /// The domains of `path`'s packets that hold events; refused when a packet, made format
 /// 3, would be larger than the reference reads, or names ids beyond those followed.
 fn packet_walk(path: &Path, name: &Path, domains: &mut Vec<u16>) -> Result<(), Walk> {
-    let mut p = Packets::open(path, name).map_err(Walk::Failed)?;
+    let mut p = Packets::open(path, name, 1 << 20).map_err(Walk::Failed)?;
     while let Some((h, body)) = p.next().map_err(Walk::Failed)? {
         if body.is_empty() {
             continue;
@@ -201,12 +208,14 @@ struct Packets {
 }
 
 impl Packets {
-    fn open(path: &Path, name: &Path) -> Result<Packets> {
+    /// The packets of `path` (named `name`), read `buffer` bytes at a time (at least a
+    /// packet's largest size and header).
+    fn open(path: &Path, name: &Path, buffer: usize) -> Result<Packets> {
         let file = File::open(path).map_err(|e| Error::input(name, "open", e))?;
         let mut p = Packets {
             file,
             name: name.to_path_buf(),
-            buf: vec![0; 1 << 20],
+            buf: vec![0; buffer.max(2 * MAX_PACKET_SIZE)],
             start: 0,
             end: 0,
             base: 0,
@@ -292,9 +301,12 @@ pub fn copy_packets(
     pid: u64,
     mut put: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
+    // (the inputs' buffers share 16 MiB: a merge of a hundred inputs read each through
+    // its own MiB)
+    let buffer = ((16 << 20) / inputs.len().max(1)).clamp(64 << 10, 1 << 20);
     let mut srcs = Vec::with_capacity(inputs.len());
     for i in inputs {
-        srcs.push(Packets::open(&i.path, &i.name)?);
+        srcs.push(Packets::open(&i.path, &i.name, buffer)?);
     }
     let mut out = WriteBuf::with_capacity(MAX_PACKET_SIZE);
     // the next packet's begin time per input, read ahead by one header

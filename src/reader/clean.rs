@@ -64,7 +64,11 @@ impl<R: Read> Reader<R> {
                     true,
                 );
                 for code in self.new_codes.drain(..) {
-                    if let Some(l) = self.locations.get(&code) {
+                    if let Some(l) = self.locations.get_mut(&code) {
+                        // (the pool's copy, as read_events keeps)
+                        if let Some(pool) = &self.pool {
+                            *l = pool.intern(l);
+                        }
                         sink.location(code, l);
                     }
                 }

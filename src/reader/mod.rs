@@ -298,6 +298,20 @@ impl<R: Read> Reader<R> {
         }
     }
 
+    /// [`Reader::with_buffer`], its location lists kept in `locations` (one copy of each
+    /// for all the readers that share it): inputs of one executable define their codes
+    /// alike, and a merge of many would hold a copy of its tables for each.
+    pub(crate) fn pooled(
+        src: R,
+        name: &str,
+        bytes: usize,
+        locations: Arc<LocationPool>,
+    ) -> Result<Self> {
+        let mut r = Self::with_buffer(src, name, bytes)?;
+        r.pool = Some(locations);
+        Ok(r)
+    }
+
     /// [`Reader::new`], reading packets whole in the file `window` bytes at a time rather
     /// than whole, the file being `file_len` bytes long (a packet past it is read whole,
     /// as without a window), its caches in sparse tables, its location lists kept in
@@ -310,8 +324,7 @@ impl<R: Read> Reader<R> {
         file_len: u64,
         locations: Arc<LocationPool>,
     ) -> Result<Self> {
-        let mut r = Self::with_buffer(src, name, window)?;
-        r.pool = Some(locations);
+        let mut r = Self::pooled(src, name, window, locations)?;
         // (set before any packet after the info one: each domain's cache is made sparse
         // as it is met)
         r.window = Some(window.clamp(256, 1 << 16));

@@ -8,11 +8,12 @@ use std::path::PathBuf;
 
 /// Every event as text, then how reading ended and the warnings.
 #[derive(Default)]
-struct Record(Vec<String>);
+struct Record(Vec<String>, Vec<(LocationCode, LocationList)>);
 
 impl EventSink for Record {
     fn location(&mut self, code: LocationCode, locs: &LocationList) {
         self.0.push(format!("loc {:x} {}", code.0, locs.len()));
+        self.1.push((code, locs.clone()));
     }
     fn alloc(
         &mut self,
@@ -205,5 +206,34 @@ fn readers_sharing_a_pool_share_their_location_lists() {
             code.0
         );
         assert_eq!(**l, *c[code]);
+    }
+}
+
+/// Plain (not windowed) readers share a pool too, and so does a clean read (a survey):
+/// the lists it hands out and keeps are the pool's.
+#[test]
+fn pooled_and_clean_reads_share_their_location_lists() {
+    let path = traces()
+        .into_iter()
+        .find(|p| p.ends_with("fork/child-1.ctf"));
+    let bytes = std::fs::read(path.expect("tests/data/fork/child-1.ctf")).unwrap();
+    let pool = Arc::new(LocationPool::default());
+    let mut plain = Reader::pooled(&bytes[..], "t", 4096, pool.clone()).unwrap();
+    let mut rec = Record::default();
+    while plain.read_events(&mut rec, 64).unwrap() {}
+    let mut clean = Reader::pooled(&bytes[..], "t", 4096, pool.clone()).unwrap();
+    let mut lists = Record::default();
+    assert_eq!(clean.read_clean(&mut lists).unwrap(), None);
+    let mut alone = Reader::new(&bytes[..], "t").unwrap();
+    let mut rc = Record::default();
+    while alone.read_events(&mut rc, 64).unwrap() {}
+    same(&rec.0, &rc.0, "pooled against not");
+    same(&lists.0, &rc.0, "clean against not");
+    let table = plain.locations();
+    assert!(lists.1.len() >= 20, "{} codes", lists.1.len());
+    for (code, l) in &lists.1 {
+        assert!(Arc::ptr_eq(l, &table[code]), "code {:x}: one list", code.0);
+        assert!(Arc::ptr_eq(&clean.locations()[code], &table[code]));
+        assert!(!Arc::ptr_eq(l, &alone.locations()[code]));
     }
 }
