@@ -8,7 +8,8 @@ use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
 use crate::pipeline::files::LazyFile;
 use crate::reader::{EventSink, Reader};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::AtomicU32;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -275,17 +276,58 @@ struct Done {
     batch: Batch,
 }
 
-/// The jobs waiting for a thread.
-#[derive(Default)]
+/// The jobs waiting for a thread, the most urgent first: that of the stream whose decoded
+/// events the pass will have replayed first (a stream's batches are decoded one after
+/// another, and the one the pass waits on most sets the pace). A stream has one job at
+/// most.
 struct Jobs {
-    queue: Mutex<(VecDeque<Job>, bool)>,
+    queue: Mutex<Waiting>,
     /// Signalled when a job is queued or the queue closed.
     queued: Condvar,
 }
 
+struct Waiting {
+    /// By stream.
+    jobs: Vec<Option<(u64, Job)>>,
+    /// (when its decoded events run out, stream), for each job; an entry whose job has
+    /// gone is skipped.
+    order: BinaryHeap<Reverse<(u64, u32)>>,
+    closed: bool,
+}
+
+impl Waiting {
+    /// The most urgent job.
+    fn first(&mut self) -> Option<Job> {
+        while let Some(Reverse((due, i))) = self.order.pop() {
+            match self.jobs[i as usize].take() {
+                Some((d, job)) if d == due => return Some(job),
+                // (a job taken out of turn, and its stream's next queued)
+                other => self.jobs[i as usize] = other,
+            }
+        }
+        None
+    }
+}
+
 impl Jobs {
-    fn push(&self, job: Job) {
-        lock(&self.queue).0.push_back(job);
+    fn new(streams: usize) -> Jobs {
+        Jobs {
+            queue: Mutex::new(Waiting {
+                jobs: (0..streams).map(|_| None).collect(),
+                order: BinaryHeap::new(),
+                closed: false,
+            }),
+            queued: Condvar::new(),
+        }
+    }
+
+    /// Queue `job`, whose stream's decoded events run out at `due`.
+    fn push(&self, due: u64, job: Job) {
+        let mut q = lock(&self.queue);
+        let i = job.state.stream;
+        q.jobs[i as usize] = Some((due, job));
+        q.order.push(Reverse((due, i)));
+        drop(q);
         self.queued.notify_one();
     }
 
@@ -293,29 +335,34 @@ impl Jobs {
     fn take(&self) -> Option<Job> {
         let mut q = lock(&self.queue);
         loop {
-            if q.1 {
+            if q.closed {
                 return None;
             }
-            if let Some(j) = q.0.pop_front() {
+            if let Some(j) = q.first() {
                 return Some(j);
             }
             q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// Stream `want`'s job if it is waiting, else the first, without waiting.
+    /// Stream `want`'s job if it is waiting, else the most urgent, without waiting.
     fn take_now(&self, want: u32) -> Option<Job> {
         let mut q = lock(&self.queue);
-        let at = q.0.iter().position(|j| j.state.stream == want).unwrap_or(0);
-        q.0.remove(at)
+        match q.jobs[want as usize].take() {
+            Some((_, job)) => Some(job),
+            None => q.first(),
+        }
     }
 
     /// No more jobs taken; those waiting.
     fn close(&self) -> Vec<Job> {
         let mut q = lock(&self.queue);
-        q.1 = true;
+        q.closed = true;
         self.queued.notify_all();
-        q.0.drain(..).collect()
+        q.order.clear();
+        (q.jobs.iter_mut())
+            .filter_map(|j| j.take().map(|(_, job)| job))
+            .collect()
     }
 }
 
@@ -391,7 +438,7 @@ impl Feed {
         let k = (cores - 1).clamp(1, 4).min(streams.len().max(1));
         let cell_ids = Arc::new(AtomicU32::new(0));
         let backtraces = Arc::new(Mutex::new(Backtraces::default()));
-        let jobs = Arc::new(Jobs::default());
+        let jobs = Arc::new(Jobs::new(streams.len()));
         let (done_tx, done) = channel::<Option<Done>>();
         let mut workers = Vec::new();
         for _ in 0..k {
@@ -463,7 +510,10 @@ impl Feed {
                 .spare
                 .pop()
                 .unwrap_or_else(|| Vec::with_capacity(self.batch));
-            self.jobs.push(Job { state, buf });
+            // (when the pass will have replayed what is decoded of it)
+            let decoded = q.next.back().map_or(&q.ready, |b| &b.events);
+            let due = decoded.last().map_or(0, |e| e.time);
+            self.jobs.push(due, Job { state, buf });
         }
     }
 
