@@ -77,6 +77,32 @@ pub(crate) fn estimated_bytes(nsamples: u64, bytes_per_sample: f64) -> u64 {
     (nsamples as f64 * bytes_per_sample + 0.5) as u64
 }
 
+/// [`estimated_bytes`] at one rate, those of allocations of a few samples (most are of
+/// one) looked up: the float's conversion at every event took a good part of the time.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BytesOf {
+    small: [u64; 16],
+    per_sample: f64,
+}
+
+impl BytesOf {
+    pub(crate) fn new(bytes_per_sample: f64) -> BytesOf {
+        BytesOf {
+            small: std::array::from_fn(|n| estimated_bytes(n as u64, bytes_per_sample)),
+            per_sample: bytes_per_sample,
+        }
+    }
+
+    /// The estimated bytes of `nsamples` samples.
+    #[inline]
+    pub(crate) fn of(&self, nsamples: u64) -> u64 {
+        match self.small.get(nsamples as usize) {
+            Some(&b) => b,
+            None => estimated_bytes(nsamples, self.per_sample),
+        }
+    }
+}
+
 /// What a cell allocated. Bytes and objects are estimates; `seen_*` count every
 /// allocation up to the window's end, in the window or not (live objects are estimated
 /// from live bytes at their ratio).
@@ -95,6 +121,7 @@ pub(crate) struct Allocated {
 struct Decoding {
     /// Its index among the analysis's streams.
     stream: u32,
+    bytes_of: BytesOf,
     process: u32,
     domain: u16,
     reader: Option<Reader<LazyFile>>,
@@ -167,7 +194,7 @@ impl EventSink for Sink<'_> {
                 (id, local)
             }
         };
-        let bytes = estimated_bytes(nsamples, c.bytes_per_sample);
+        let bytes = s.bytes_of.of(nsamples);
         if c.to.is_none_or(|t| time <= t) {
             let a = &mut s.allocated[local as usize];
             let objects = if c.sample_rate > 0.0 {
@@ -468,6 +495,7 @@ impl Feed {
                 next: VecDeque::new(),
                 home: Some(Box::new(Decoding {
                     stream: i as u32,
+                    bytes_of: BytesOf::new(s.counting.bytes_per_sample),
                     process: s.process,
                     domain: s.domain,
                     reader: Some(s.reader),

@@ -2,7 +2,7 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{estimated_bytes, Allocated, Counting, Ev, Feed, StreamSpec, COLLECT};
+use super::feed::{Allocated, BytesOf, Counting, Ev, Feed, StreamSpec, COLLECT};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -45,6 +45,8 @@ pub(crate) struct ProcessState {
     dirty: bool,
     /// Live objects: their cell and samples, packed ([`pack`]).
     objects: LiveObjects,
+    /// Estimated bytes by samples.
+    bytes_of: BytesOf,
 }
 
 /// A live object's cell and samples (at most 2^32 - 2: never the ring's empty value) in
@@ -53,8 +55,8 @@ fn pack(cell: u32, nsamples: u32) -> u64 {
     u64::from(cell) << 32 | u64::from(nsamples)
 }
 
-fn unpack(v: u64) -> (u32, u64) {
-    ((v >> 32) as u32, v & u64::from(u32::MAX))
+fn unpack(v: u64) -> (u32, u32) {
+    ((v >> 32) as u32, v as u32)
 }
 
 /// What one cell (backtrace, domain, source) allocated and holds. Bytes are estimates, `nsamples` exact.
@@ -332,6 +334,7 @@ pub(crate) fn run(
     let ring = (1 << 19) / processes.len().max(1);
     for p in processes.iter_mut() {
         p.objects = LiveObjects::with_ring(ring);
+        p.bytes_of = BytesOf::new(p.bytes_per_sample);
     }
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
@@ -520,13 +523,13 @@ impl Replay {
                 self.at_own_peak.resize(n, 0);
             }
             st.objects.insert(ev.id, pack(cell, ev.nsamples));
-            let bytes = estimated_bytes(u64::from(ev.nsamples), st.bytes_per_sample);
+            let bytes = st.bytes_of.of(u64::from(ev.nsamples));
             (cell, bytes as i64)
         } else {
             match st.objects.remove(ev.id) {
                 Some(v) => {
                     let (cell, nsamples) = unpack(v);
-                    let bytes = estimated_bytes(nsamples, st.bytes_per_sample);
+                    let bytes = st.bytes_of.of(u64::from(nsamples));
                     (cell, -(bytes as i64))
                 }
                 None => {
