@@ -121,11 +121,12 @@ pub(crate) struct Allocated {
 struct Decoding {
     /// Its index among the analysis's streams.
     stream: u32,
-    bytes_of: BytesOf,
     process: u32,
     domain: u16,
     reader: Option<Reader<LazyFile>>,
     counting: Counting,
+    /// Its allocations' estimated bytes by samples.
+    bytes_of: BytesOf,
     path: Path,
     /// Every stream's backtraces.
     backtraces: Arc<Mutex<Backtraces>>,
@@ -136,8 +137,8 @@ struct Decoding {
     table: LocationTable,
     /// What each of its cells allocated, by their index in `cells`.
     allocated: Vec<Allocated>,
-    /// The last allocation's (cell key, cell id, its index in `cells`): most follow one
-    /// of the same site.
+    /// The last allocation's (cell key, cell id, its index in `cells`): an allocation of
+    /// the same site as the one before skips the table.
     last: Option<(u64, u32, u32)>,
 }
 
@@ -495,12 +496,12 @@ impl Feed {
                 next: VecDeque::new(),
                 home: Some(Box::new(Decoding {
                     stream: i as u32,
-                    bytes_of: BytesOf::new(s.counting.bytes_per_sample),
                     process: s.process,
                     domain: s.domain,
                     reader: Some(s.reader),
                     counting: s.counting,
-                    path: Path::new(),
+                    bytes_of: BytesOf::new(s.counting.bytes_per_sample),
+                    path: Path::default(),
                     backtraces: backtraces.clone(),
                     cells: StreamCells::default(),
                     by_key: CellTable::default(),

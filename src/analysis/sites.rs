@@ -1,5 +1,6 @@
-//! Call sites: each input's backtraces interned as nodes of a tree of frames (a node is a
-//! backtrace, known by its last frame and its parent), and the names a report gives them.
+//! Call sites: every input's backtraces known by fingerprints and interned as nodes of one
+//! tree of frames (a node: its last frame and its parent), the cells counted under them,
+//! and the names a report gives them.
 
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{IntMap, Location, LocationList, LocationTable};
@@ -55,7 +56,7 @@ pub(crate) struct Tree {
 /// Cell ids as one thread hands them out, for the pass to count by while streams are read
 /// on several threads: taken a block at a time from a counter shared by the threads (one
 /// counter written at every new cell would be a cache line passed between the cores).
-/// The ids left over are no cell's, and [`Tree::combine`] leaves them out.
+/// The ids left over are no cell's.
 pub(crate) struct Ids {
     counter: Arc<AtomicU32>,
     spare: std::ops::Range<u32>,
@@ -82,11 +83,10 @@ impl Ids {
 /// known by the work of its new frames only.
 ///
 /// A backtrace is known by a fingerprint of its frames (64 bits: a chain of multiply-folds
-/// over the codes), so that finding its cell is one table
-/// lookup, not one step a frame through the tree: deep recursions give thousands of new
-/// frames an allocation. Two different backtraces get one fingerprint (and share a cell)
-/// with a chance of about 2^-64 a pair: for a million backtraces, about 3 in 10^8.
-#[derive(Default)]
+/// over the codes), so that finding its cell is one table lookup, not one step a frame
+/// through the tree: deep recursions give thousands of new frames an allocation. Two
+/// different backtraces get one fingerprint (and share a cell) with a chance of about
+/// 2^-64 a pair: for a million backtraces, about 3 in 10^8.
 pub(crate) struct Path {
     /// `fps[k]`: the fingerprint of the first `k` frames (`fps[0]`: of no frame).
     fps: Vec<u64>,
@@ -106,12 +106,14 @@ fn step(h: u64, code: u64) -> u64 {
     (m as u64) ^ ((m >> 64) as u64)
 }
 
-impl Path {
+impl Default for Path {
     /// The path of a stream before its first backtrace.
-    pub(crate) fn new() -> Path {
+    fn default() -> Path {
         Path { fps: vec![SEED] }
     }
+}
 
+impl Path {
     /// The fingerprint of `backtrace` (caller first), whose first `common` frames are
     /// those of the previous one; it becomes the previous one.
     #[inline]
@@ -374,10 +376,10 @@ mod tests {
     fn a_fingerprint_is_the_frames() {
         let a = codes(&[1, 2, 3, 4, 5]);
         let b = codes(&[1, 2, 3, 9]);
-        let mut alone = Path::new();
+        let mut alone = Path::default();
         let fb = alone.fingerprint(0, &b);
         for common in 0..=3 {
-            let mut p = Path::new();
+            let mut p = Path::default();
             p.fingerprint(0, &a);
             assert_eq!(p.fingerprint(common, &b), fb, "common {common}");
         }
@@ -385,7 +387,7 @@ mod tests {
         assert_ne!(alone.fingerprint(4, &codes(&[1, 2, 3, 9, 9])), fb);
         assert_ne!(alone.fingerprint(0, &codes(&[1, 2, 3])), fb);
         // (a prefix longer than the previous backtrace: the frames decide)
-        let mut p = Path::new();
+        let mut p = Path::default();
         p.fingerprint(0, &codes(&[1]));
         assert_eq!(p.fingerprint(3, &b), fb);
         assert_ne!(
@@ -407,7 +409,7 @@ mod tests {
             codes(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]),
             codes(&[]),
         ];
-        let mut p = Path::new();
+        let mut p = Path::default();
         let mut prefixes = std::collections::HashSet::new();
         let mut nodes = Vec::new();
         for bt in &bts {
@@ -419,7 +421,7 @@ mod tests {
         }
         assert_eq!(t.nodes.len(), prefixes.len() + 1);
         // (another stream, its backtraces in another order)
-        let mut q = Path::new();
+        let mut q = Path::default();
         for (bt, &n) in bts.iter().zip(&nodes).rev() {
             q.fingerprint(0, bt);
             assert_eq!(t.intern(&q, bt), n);
