@@ -152,11 +152,12 @@ impl Timeline {
             self.end.1[p as usize] = processes[p as usize].live;
         }
         self.end.0 = total;
-        let row = self.rows.last_mut().expect("a row was made");
-        row.0 = row.0.max(total);
-        for &p in dirty {
-            let v = &mut row.1[p as usize];
-            *v = (*v).max(processes[p as usize].live);
+        if let Some(row) = self.rows.last_mut() {
+            row.0 = row.0.max(total);
+            for &p in dirty {
+                let v = &mut row.1[p as usize];
+                *v = (*v).max(processes[p as usize].live);
+            }
         }
     }
 
