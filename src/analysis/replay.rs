@@ -11,7 +11,7 @@ use crate::format::location::LocationPool;
 use crate::merge::live::LiveObjects;
 use crate::pipeline::decoder::{BUFFERED_STREAMS, READ_WINDOW};
 use crate::pipeline::files::{FilePool, LazyFile};
-use crate::reader::{scan_domains, Reader};
+use crate::reader::{scan_domains, Reader, READ_BUFFER};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::PathBuf;
@@ -316,7 +316,7 @@ fn open_as(
         (Some(locations), Some(file_len)) => {
             Reader::windowed(f, &name, READ_WINDOW, file_len, locations.clone())
         }
-        (Some(locations), None) => Reader::pooled(f, &name, 1 << 16, locations.clone()),
+        (Some(locations), None) => Reader::pooled(f, &name, READ_BUFFER, locations.clone()),
         (None, _) => Reader::new(f, &name),
     }
 }

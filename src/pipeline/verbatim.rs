@@ -14,7 +14,7 @@ use crate::format::buf::{Cursor, WriteBuf};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationPool};
 use crate::format::packet::{header_size, PacketHeader, MAX_PACKET_SIZE};
-use crate::reader::{EventSink, Reader};
+use crate::reader::{EventSink, Reader, READ_BUFFER};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -137,7 +137,12 @@ pub fn survey(
     cancel: &Cancel,
 ) -> Result<Survey> {
     let f = File::open(path).map_err(|e| Error::input(name, "open", e))?;
-    let mut r = Reader::pooled(f, &name.display().to_string(), 1 << 16, locations.clone())?;
+    let mut r = Reader::pooled(
+        f,
+        &name.display().to_string(),
+        READ_BUFFER,
+        locations.clone(),
+    )?;
     let mut lives = Lives {
         state: Vec::new(),
         bad: None,

@@ -127,16 +127,19 @@ impl Reader<File> {
     }
 }
 
+/// The bytes a reader reads at a time, at most: a packet's largest size and more.
+pub(crate) const READ_BUFFER: usize = 1 << 16;
+
 impl<R: Read> Reader<R> {
     /// Read the info packet of a trace from `src`; `name` is used in messages.
     pub fn new(src: R, name: &str) -> Result<Self> {
-        Self::with_buffer(src, name, 1 << 16)
+        Self::with_buffer(src, name, READ_BUFFER)
     }
 
     /// [`Reader::new`], reading `bytes` at a time (grown only to hold a packet): a merge
     /// of thousands of inputs keeps a reader, and so a buffer, per input.
     pub fn with_buffer(src: R, name: &str, bytes: usize) -> Result<Self> {
-        let bytes = bytes.clamp(256, 1 << 16);
+        let bytes = bytes.clamp(256, READ_BUFFER);
         let mut r = Reader {
             src,
             name: name.to_string(),
@@ -327,7 +330,7 @@ impl<R: Read> Reader<R> {
         let mut r = Self::pooled(src, name, window, locations)?;
         // (set before any packet after the info one: each domain's cache is made sparse
         // as it is met)
-        r.window = Some(window.clamp(256, 1 << 16));
+        r.window = Some(window.clamp(256, READ_BUFFER));
         r.file_len = file_len;
         Ok(r)
     }
