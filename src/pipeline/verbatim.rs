@@ -152,6 +152,8 @@ pub fn survey(
     };
     let read = r.read_clean(&mut lives)?;
     let mut s = std::mem::take(&mut lives.survey);
+    // (kept until every input is surveyed: a merge of a hundred holds a hundred)
+    s.locations.shrink_to_fit();
     s.refused = read.or(lives.bad);
     if s.refused.is_none() {
         match packet_walk(path, name, &mut s.domains) {
@@ -306,9 +308,9 @@ pub fn copy_packets(
     pid: u64,
     mut put: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    // (the inputs' buffers share 16 MiB: a merge of a hundred inputs read each through
-    // its own MiB)
-    let buffer = ((16 << 20) / inputs.len().max(1)).clamp(64 << 10, 1 << 20);
+    // (the inputs' buffers share 4 MiB, as few as there are: a merge of a hundred inputs
+    // read each through its own MiB)
+    let buffer = ((4 << 20) / inputs.len().max(1)).clamp(64 << 10, 1 << 20);
     let mut srcs = Vec::with_capacity(inputs.len());
     for i in inputs {
         srcs.push(Packets::open(&i.path, &i.name, buffer)?);
