@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
 use crate::pipeline::files::LazyFile;
+use crate::pipeline::placement::Placement;
 use crate::reader::{EventSink, Reader};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -435,6 +436,8 @@ pub(crate) struct Feed {
     backtraces: Arc<Mutex<Backtraces>>,
     /// The ids of the cells the pass makes when it decodes.
     ids: Ids,
+    /// Where the decoding threads run: off the pass's CPU.
+    placement: Arc<Placement>,
     queues: Vec<Queue>,
     batch: usize,
     processes: usize,
@@ -444,7 +447,16 @@ pub(crate) struct Feed {
 
 /// A decoding thread: jobs in, batches out, until the queue is closed. (A panic, which no
 /// input should cause, is said to the pass rather than leaving it waiting for a batch.)
-fn decoder(jobs: Arc<Jobs>, out: Sender<Option<Done>>, mut ids: Ids, batch: usize) {
+fn decoder(
+    jobs: Arc<Jobs>,
+    out: Sender<Option<Done>>,
+    mut ids: Ids,
+    batch: usize,
+    placement: Arc<Placement>,
+) {
+    // (kept off the pass's CPU, as a merge keeps its decoding threads off its merging
+    // thread's: else the kernel often has the two take turns on one CPU)
+    let _placed = placement.helper();
     while let Some(Job { mut state, buf }) = jobs.take() {
         let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             decode(&mut state, &mut ids, buf, batch)
@@ -469,11 +481,13 @@ impl Feed {
         let jobs = Arc::new(Jobs::new(streams.len()));
         let (done_tx, done) = channel::<Option<Done>>();
         let mut workers = Vec::new();
+        let placement = Placement::new();
         for _ in 0..k {
             let (jobs, out, ids) = (jobs.clone(), done_tx.clone(), Ids::new(cell_ids.clone()));
+            let placed = placement.clone();
             let w = std::thread::Builder::new()
                 .name("memtrace-analysis-decode".into())
-                .spawn(move || decoder(jobs, out, ids, batch))
+                .spawn(move || decoder(jobs, out, ids, batch, placed))
                 .map_err(|e| Error::Internal(format!("cannot start a decoding thread: {e}")))?;
             workers.push(w);
         }
@@ -482,6 +496,7 @@ impl Feed {
             done,
             workers,
             ids: Ids::new(cell_ids),
+            placement,
             backtraces: backtraces.clone(),
             queues: Vec::new(),
             batch,
@@ -576,6 +591,7 @@ impl Feed {
     /// waits for a thread: its batch first); false at the stream's end.
     #[cold]
     fn refill(&mut self, i: usize) -> Result<bool> {
+        self.placement.follow();
         loop {
             let q = &mut self.queues[i];
             if let Some(b) = q.next.pop_front() {
