@@ -45,14 +45,14 @@ pub(crate) struct StreamSpec {
     pub(crate) domain: u16,
     pub(crate) reader: Reader<LazyFile>,
     pub(crate) counting: Counting,
+    /// Its process's estimated bytes by samples.
+    pub(crate) bytes_of: BytesOf,
 }
 
 /// How an input's allocations are counted and filtered (by the decoding threads, so that
 /// the pass only replays lifetimes).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Counting {
-    /// Estimated bytes of one sample.
-    pub(crate) bytes_per_sample: f64,
     pub(crate) sample_rate: f64,
     pub(crate) word_bytes: u64,
     /// The window (µs since the epoch).
@@ -515,7 +515,7 @@ impl Feed {
                     domain: s.domain,
                     reader: Some(s.reader),
                     counting: s.counting,
-                    bytes_of: BytesOf::new(s.counting.bytes_per_sample),
+                    bytes_of: s.bytes_of,
                     path: Path::default(),
                     backtraces: backtraces.clone(),
                     cells: StreamCells::default(),

@@ -31,8 +31,6 @@ pub(crate) struct ProcessState {
     pub(crate) context: Option<String>,
     pub(crate) sample_rate: f64,
     pub(crate) start_us: u64,
-    /// Estimated bytes of one sample: word size / rate.
-    pub(crate) bytes_per_sample: f64,
     pub(crate) live: u64,
     pub(crate) peak: u64,
     pub(crate) peak_time: Option<u64>,
@@ -236,11 +234,12 @@ fn open(
             info.word_size
         } as f64
             / 8.0;
-        let bytes_per_sample = if info.sample_rate > 0.0 {
+        // (estimated bytes of one sample: word size / rate)
+        let bytes_of = BytesOf::new(if info.sample_rate > 0.0 {
             word / info.sample_rate
         } else {
             0.0
-        };
+        });
         processes.push(ProcessState {
             file: name.clone(),
             pid: info.pid,
@@ -249,7 +248,7 @@ fn open(
             context: (info.context.as_deref()).map(|c| String::from_utf8_lossy(c).into_owned()),
             sample_rate: info.sample_rate,
             start_us: info.start_time.0,
-            bytes_per_sample,
+            bytes_of,
             ..ProcessState::default()
         });
         let domains = if info.version >= 3 {
@@ -275,7 +274,6 @@ fn open(
                 reader: r,
                 // (the window is set once every input's start is known)
                 counting: Counting {
-                    bytes_per_sample,
                     sample_rate: info.sample_rate,
                     word_bytes: u64::from(info.word_size.max(8) / 8),
                     from: None,
@@ -284,6 +282,7 @@ fn open(
                     min_size: filter.min_size,
                     max_size: filter.max_size,
                 },
+                bytes_of,
             });
         }
     }
@@ -335,7 +334,6 @@ pub(crate) fn run(
     let ring = (1 << 19) / processes.len().max(1);
     for p in processes.iter_mut() {
         p.objects = LiveObjects::with_ring(ring);
-        p.bytes_of = BytesOf::new(p.bytes_per_sample);
     }
     if processes.is_empty() {
         return Err(Error::NothingToAnalyse(
