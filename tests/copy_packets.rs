@@ -245,6 +245,51 @@ impl memtrace_merge::EventSink for Digest {
     }
 }
 
+/// A sink of every event but the frames; which, with `1`, it says it does not look at
+/// (the reader then only runs them through its cache).
+struct Unframed(Digest, bool);
+
+impl memtrace_merge::EventSink for Unframed {
+    fn location(
+        &mut self,
+        code: memtrace_merge::LocationCode,
+        locs: &memtrace_merge::LocationList,
+    ) {
+        self.0.location(code, locs);
+    }
+    fn alloc(
+        &mut self,
+        time: u64,
+        id: u64,
+        length: u64,
+        nsamples: u64,
+        source: memtrace_merge::AllocSource,
+        common_prefix: u64,
+        _backtrace: &[memtrace_merge::LocationCode],
+        _slots: &[u16],
+    ) {
+        (self.0).alloc(time, id, length, nsamples, source, common_prefix, &[], &[]);
+    }
+    fn promote(&mut self, time: u64, id: u64) {
+        self.0.promote(time, id);
+    }
+    fn collect(&mut self, time: u64, id: u64) {
+        self.0.collect(time, id);
+    }
+    fn backtraces(&self) -> bool {
+        !self.1
+    }
+}
+
+/// What `read_clean` says of `bytes` and the events it hands out but their frames, the
+/// frames decoded (false) or only run through the cache (true).
+fn unframed_reading(bytes: &[u8], walk: bool) -> Option<(String, Digest)> {
+    let mut r = memtrace_merge::Reader::new(bytes, "t").ok()?;
+    let mut d = Unframed(Digest::default(), walk);
+    let said = r.read_clean(&mut d);
+    Some((format!("{said:?}"), d.0))
+}
+
 /// Whether `bytes` read cleanly (no warning, no error) with `read_events`, with what it
 /// read; the same from `read_clean`.
 fn both_readings(bytes: &[u8]) -> Option<((bool, Digest), (bool, Digest))> {
@@ -266,6 +311,7 @@ fn both_readings(bytes: &[u8]) -> Option<((bool, Digest), (bool, Digest))> {
 /// `read_clean`, which says whether a merge may copy an input, reads cleanly exactly the
 /// traces the reader reads without a warning or an error, and the same events: every
 /// trace of tests/data, and each of three of them with 60 bytes changed, one at a time.
+/// For a sink of no frames, it says the same with the frames decoded or not.
 #[test]
 fn read_clean_refuses_exactly_what_the_reader_warns_of() {
     let mut files = Vec::new();
@@ -283,6 +329,12 @@ fn read_clean_refuses_exactly_what_the_reader_warns_of() {
     files.sort();
     let (mut clean, mut refused) = (0, 0);
     let mut check = |bytes: &[u8], what: &str| {
+        // (a sink of no frames: the same refusal, the same events, at the same byte)
+        assert_eq!(
+            unframed_reading(bytes, false),
+            unframed_reading(bytes, true),
+            "{what}: frames decoded, then only run through the cache"
+        );
         if let Some(((ok_a, da), (ok_b, db))) = both_readings(bytes) {
             assert_eq!(
                 ok_a, ok_b,

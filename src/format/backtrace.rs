@@ -67,6 +67,60 @@ pub(crate) fn push_slots(hints: &mut Vec<u16>, slots: &[u16], from: usize, to: u
 mod tables;
 use tables::{ReaderTables, Tables};
 
+/// The error of a backtrace longer than [`MAX_FRAMES`].
+fn too_long(len: usize) -> Malformed {
+    Malformed::BadValue {
+        field: "backtrace length",
+        value: len as i64,
+    }
+}
+
+/// The next codeword's entry, tag and count of predicted frames (a miss or a hit, and the
+/// hit's predictions), the entry made what `pred`'s entry predicts.
+#[inline(always)]
+fn codeword<T: Tables>(
+    t: &mut T,
+    c: &mut Cursor<'_>,
+    pred: usize,
+) -> Result<(usize, u16, usize), Malformed> {
+    const M: usize = CACHE_SIZE - 1;
+    let cw = c.u16()?;
+    let bucket = (cw >> 2) as usize & M;
+    let tag = cw & 3;
+    t.set_pred(pred & M, bucket as u16);
+    let n = match tag {
+        0 | 3 => 0,
+        1 => 1,
+        _ => c.u8()? as usize,
+    };
+    Ok((bucket, tag, n))
+}
+
+/// A miss's code, which a location event must have defined, put in entry `bucket`.
+#[inline(always)]
+fn missed<T: Tables>(
+    t: &mut T,
+    c: &mut Cursor<'_>,
+    bucket: usize,
+    defined: &impl Fn(LocationCode) -> bool,
+) -> Result<u64, Malformed> {
+    let lit = ocaml_int(c.u64()?) as u64;
+    if !defined(LocationCode(lit)) {
+        return Err(Malformed::UndefinedLocation { code: lit });
+    }
+    t.set_loc(bucket, lit);
+    Ok(lit)
+}
+
+/// A reader's tables, made at its first backtrace (sparse ones if asked for).
+#[inline(always)]
+fn made(tables: &mut Option<ReaderTables>, sparse: bool) -> &mut ReaderTables {
+    tables.get_or_insert_with(|| match sparse {
+        true => ReaderTables::default(),
+        false => ReaderTables::dense(),
+    })
+}
+
 /// The decoder's room: the last backtrace, its length, its frames' entries (when kept)
 /// and the scratch room.
 type BacktraceRoom<'a> = (
@@ -149,11 +203,7 @@ impl CacheReader {
         common_prefix: u64,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<(), Malformed> {
-        let sparse = self.sparse;
-        let t = self.tables.get_or_insert_with(|| match sparse {
-            true => ReaderTables::default(),
-            false => ReaderTables::dense(),
-        });
+        let t = made(&mut self.tables, self.sparse);
         let (last, last_len, slots, scratch) = (
             &mut self.last,
             &mut self.last_len,
@@ -256,26 +306,13 @@ impl CacheReader {
         start: usize,
         defined: impl Fn(LocationCode) -> bool,
     ) -> Result<usize, Malformed> {
-        const M: usize = CACHE_SIZE - 1;
         let mut pred = 0usize;
         let mut len = start;
         for _ in 0..nencoded {
             if len > MAX_FRAMES {
-                return Err(Malformed::BadValue {
-                    field: "backtrace length",
-                    value: len as i64,
-                });
+                return Err(too_long(len));
             }
-            let cw = c.u16()?;
-            let bucket = (cw >> 2) as usize & M;
-            let tag = cw & 3;
-            t.set_pred(pred & M, bucket as u16);
-            // the frames it gives: a miss or a hit, and the hit's predictions
-            let n = match tag {
-                0 | 3 => 0,
-                1 => 1,
-                _ => c.u8()? as usize,
-            };
+            let (bucket, tag, n) = codeword(t, c, pred)?;
             if out.len() < len + n + 1 {
                 // (grown by half again, exactly: a reader is kept per input, and a merge
                 // of thousands of inputs holds thousands)
@@ -295,11 +332,7 @@ impl CacheReader {
                 &mut []
             };
             if tag == 3 {
-                let lit = ocaml_int(c.u64()?) as u64;
-                if !defined(LocationCode(lit)) {
-                    return Err(Malformed::UndefinedLocation { code: lit });
-                }
-                t.set_loc(bucket, lit);
+                let lit = missed(t, c, bucket, &defined)?;
                 slots[0] = LocationCode(lit);
                 if S {
                     ents[0] = bucket as u16;
@@ -330,10 +363,7 @@ impl CacheReader {
             }
         }
         if len > MAX_FRAMES {
-            return Err(Malformed::BadValue {
-                field: "backtrace length",
-                value: len as i64,
-            });
+            return Err(too_long(len));
         }
         Ok(len)
     }
@@ -374,6 +404,87 @@ impl CacheReader {
         }
         *p = q;
         acc >> 63 != 0
+    }
+
+    /// [`CacheReader::decode`] without the frames: the cache, its predictions and the
+    /// backtrace's length change as there, and every error is the same, but the frames are
+    /// neither looked up nor stored, and [`CacheReader::backtrace`] is left meaningless.
+    /// For a reader that checks a trace and needs no backtraces: it must not decode after.
+    #[inline(always)]
+    pub(crate) fn walk(
+        &mut self,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        common_prefix: u64,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<(), Malformed> {
+        let t = made(&mut self.tables, self.sparse);
+        // (as in decode_in: a prefix longer than the last backtrace leaves its length)
+        let start = match common_prefix <= self.last_len as u64 {
+            true => common_prefix as usize,
+            false => 0,
+        };
+        let r = match t {
+            ReaderTables::Dense(d) => Self::walk_in(d, c, nencoded, start, defined),
+            ReaderTables::Sparse(s) => {
+                let r = Self::walk_in(s, c, nencoded, start, defined);
+                t.settle();
+                r
+            }
+        };
+        if common_prefix <= self.last_len as u64 {
+            self.last_len = *r.as_ref().unwrap_or(&start);
+        }
+        r.map(|_| ())
+    }
+
+    /// [`CacheReader::decode_into`]'s steps but the frames': the length it would return.
+    #[inline(always)]
+    fn walk_in<T: Tables>(
+        t: &mut T,
+        c: &mut Cursor<'_>,
+        nencoded: usize,
+        start: usize,
+        defined: impl Fn(LocationCode) -> bool,
+    ) -> Result<usize, Malformed> {
+        const M: usize = CACHE_SIZE - 1;
+        let mut pred = 0usize;
+        let mut len = start;
+        for _ in 0..nencoded {
+            if len > MAX_FRAMES {
+                return Err(too_long(len));
+            }
+            let (bucket, tag, n) = codeword(t, c, pred)?;
+            if tag == 3 {
+                missed(t, c, bucket, &defined)?;
+                len += 1;
+                pred = bucket;
+                continue;
+            }
+            // (decode_into's checks: the hit's entry, and while entry 0 is empty the
+            // predicted ones. A prediction leads to an entry that was filled when it was
+            // set, or to entry 0, the first: only that one can be empty.)
+            let check = t.loc(0) == EMPTY;
+            let mut bad = t.loc(bucket) == EMPTY;
+            let mut q = bucket;
+            for _ in 0..n {
+                let next = t.pred(q) as usize & M;
+                if next == q {
+                    break;
+                }
+                q = next;
+                bad |= check & (q == 0);
+            }
+            if bad {
+                return Err(Malformed::EmptyCacheEntry);
+            }
+            len += n + 1;
+            pred = q;
+        }
+        if len > MAX_FRAMES {
+            return Err(too_long(len));
+        }
+        Ok(len)
     }
 
     /// Skip a backtrace without decoding it (cache left untouched, as the reference's skip).

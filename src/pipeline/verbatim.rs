@@ -41,9 +41,10 @@ pub struct Survey {
     pub domains: Vec<u16>,
 }
 
-/// Object states by id: 0 never allocated, 1 live, 2 live and promoted, 3 collected.
+/// Object states by id, two bits each: 0 never allocated, 1 live, 2 live and promoted, 3
+/// collected. (A byte each was read back from beyond the core's cache at most collects.)
 struct Lives<'a> {
-    state: Vec<u8>,
+    state: Vec<u64>,
     bad: Option<String>,
     survey: Survey,
     cancel: &'a Cancel,
@@ -51,17 +52,33 @@ struct Lives<'a> {
 }
 
 impl Lives<'_> {
-    fn slot(&mut self, id: u64) -> Option<&mut u8> {
+    /// The word and shift of `id`'s state.
+    #[inline]
+    fn slot(&mut self, id: u64) -> Option<(usize, u32)> {
         if id >= MAX_SURVEYED_ID {
             self.refuse(format!("object id {id} beyond the ids followed"));
             return None;
         }
-        let i = id as usize;
-        if i >= self.state.len() {
+        let (w, shift) = ((id / 32) as usize, (id % 32) as u32 * 2);
+        if w >= self.state.len() {
             self.state
-                .resize((i + 1).next_power_of_two().max(1 << 16), 0);
+                .resize((w + 1).next_power_of_two().max(1 << 12), 0);
         }
-        Some(&mut self.state[i])
+        Some((w, shift))
+    }
+
+    /// Move `id` from a state `from` allows to `to`; false (and nothing changed) when its
+    /// state is another.
+    #[inline]
+    fn change(&mut self, id: u64, from: impl Fn(u64) -> bool, to: u64) -> Option<u64> {
+        let (w, shift) = self.slot(id)?;
+        let was = (self.state[w] >> shift) & 3;
+        if from(was) {
+            self.state[w] ^= (was ^ to) << shift;
+            None
+        } else {
+            Some(was)
+        }
     }
 
     #[cold]
@@ -70,13 +87,15 @@ impl Lives<'_> {
     }
 
     /// A promote (`to` 2) or collect (`to` 3) of `id`: of a live object, promoted once.
-    fn follow(&mut self, id: u64, to: u8, what: &str) {
-        let Some(s) = self.slot(id) else { return };
-        let ok = if to == 2 { *s == 1 } else { *s == 1 || *s == 2 };
-        if ok {
-            *s = to;
-        } else {
-            let was = *s;
+    fn follow(&mut self, id: u64, to: u64, what: &str) {
+        let from = |was: u64| {
+            if to == 2 {
+                was == 1
+            } else {
+                was == 1 || was == 2
+            }
+        };
+        if let Some(was) = self.change(id, from, to) {
             self.refuse(format!("{what} of object {id} in state {was}"));
         }
     }
@@ -100,10 +119,7 @@ impl EventSink for Lives<'_> {
         self.survey.allocs += 1;
         self.survey.samples += nsamples;
         self.survey.id_end = self.survey.id_end.max(id.saturating_add(1));
-        let Some(s) = self.slot(id) else { return };
-        if *s == 0 {
-            *s = 1;
-        } else {
+        if self.change(id, |was| was == 0, 1).is_some() {
             self.refuse(format!("object id {id} allocated twice"));
         }
     }
@@ -116,6 +132,10 @@ impl EventSink for Lives<'_> {
         self.events += 1;
         self.survey.collects += 1;
         self.follow(id, 3, "collect");
+    }
+    /// (a survey needs no frames: the reader checks them)
+    fn backtraces(&self) -> bool {
+        false
     }
     /// (the reading stops at the first refusal, and when the merge is cancelled)
     fn full(&self) -> bool {
@@ -150,54 +170,37 @@ pub fn survey(
         cancel,
         events: 0,
     };
-    let read = r.read_clean(&mut lives)?;
-    let mut s = std::mem::take(&mut lives.survey);
-    // (kept until every input is surveyed: a merge of a hundred holds a hundred)
-    s.locations.shrink_to_fit();
-    s.refused = read.or(lives.bad);
-    if s.refused.is_none() {
-        match packet_walk(path, name, &mut s.domains) {
-            Ok(()) => {}
-            Err(Walk::Refused(why)) => s.refused = Some(why),
-            Err(Walk::Failed(e)) => return Err(e),
-        }
-    }
-    Ok(s)
-}
-
-enum Walk {
-    Refused(String),
-    Failed(Error),
-}
-
-/// The domains of `path`'s packets that hold events; refused when a packet, made format
-/// 3, would be larger than the reference reads, or names ids beyond those followed.
-fn packet_walk(path: &Path, name: &Path, domains: &mut Vec<u16>) -> Result<(), Walk> {
-    let mut p = Packets::open(path, name, 1 << 20).map_err(Walk::Failed)?;
-    while let Some((h, body)) = p.next().map_err(Walk::Failed)? {
-        if body.is_empty() {
-            continue;
+    // (what a packet's header allows, met as the reader passes it; said only when the
+    // events read cleanly, as their refusals come first)
+    let mut domains = Vec::new();
+    let mut too_much: Option<String> = None;
+    let read = r.read_clean_with(&mut lives, |h, body, at| {
+        if body == 0 || too_much.is_some() {
+            return;
         }
         // (a packet of no allocation may name any id: moved by an offset, none may wrap)
         if h.alloc_id_end >= MAX_SURVEYED_ID {
-            return Err(Walk::Refused(format!(
-                "a packet at byte {} names ids up to {}, beyond those followed",
-                p.offset(),
+            too_much = Some(format!(
+                "a packet at byte {at} names ids up to {}, beyond those followed",
                 h.alloc_id_end
-            )));
-        }
-        if header_size(3) + body.len() > MAX_PACKET_SIZE {
-            return Err(Walk::Refused(format!(
-                "a packet of {} bytes at byte {} would be larger than memtrace reads in format 3",
-                h.size,
-                p.offset()
-            )));
-        }
-        if !domains.contains(&h.domain) {
+            ));
+        } else if header_size(3) + body > MAX_PACKET_SIZE {
+            too_much = Some(format!(
+                "a packet of {} bytes at byte {at} would be larger than memtrace reads in format 3",
+                h.size
+            ));
+        } else if !domains.contains(&h.domain) {
             domains.push(h.domain);
         }
+    })?;
+    let mut s = std::mem::take(&mut lives.survey);
+    // (kept until every input is surveyed: a merge of a hundred holds a hundred)
+    s.locations.shrink_to_fit();
+    s.refused = read.or(lives.bad).or(too_much);
+    if s.refused.is_none() {
+        s.domains = domains;
     }
-    Ok(())
+    Ok(s)
 }
 
 /// A trace's packets after its info packet, read in order (a surveyed trace: its headers

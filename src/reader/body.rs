@@ -34,6 +34,13 @@ pub trait EventSink {
     fn full(&self) -> bool {
         false
     }
+    /// Whether [`EventSink::alloc`] looks at the frames. A sink that does not (it counts,
+    /// or follows objects) may say so to [`crate::Reader::read_clean`], which then checks
+    /// every backtrace as it reads (the cache run, each frame's entry known filled) but
+    /// hands out empty ones, at less cost.
+    fn backtraces(&self) -> bool {
+        true
+    }
 }
 
 /// An event parsed but not yet handed out.
@@ -148,6 +155,7 @@ pub(super) fn read_event_body(
     locations: &mut LocationTable,
     new_codes: &mut Vec<crate::format::event::LocationCode>,
     parse_backtraces: bool,
+    walk: bool,
 ) -> Result<Option<Pending>, Malformed> {
     let word = c.u32()?;
     let (code, time) = decode_header(word, h.time_begin, h.time_end)?;
@@ -172,10 +180,12 @@ pub(super) fn read_event_body(
         }
         EventCode::Alloc | EventCode::ShortAlloc(_) => {
             let (length, nsamples, source, common_prefix, nencoded) = alloc_fields(c, code)?;
-            if parse_backtraces {
-                let table = &*locations;
-                d.cache
-                    .decode(c, nencoded, common_prefix, |code| table.contains_key(&code))?;
+            let table = &*locations;
+            let defined = |code| table.contains_key(&code);
+            if parse_backtraces && walk {
+                d.cache.walk(c, nencoded, common_prefix, defined)?;
+            } else if parse_backtraces {
+                d.cache.decode(c, nencoded, common_prefix, defined)?;
             } else {
                 CacheReader::skip(c, nencoded)?;
             }

@@ -5,7 +5,7 @@ use super::body::{read_event_body, EventSink};
 use super::Reader;
 use crate::error::Result;
 use crate::format::buf::Cursor;
-use crate::format::packet::header_size;
+use crate::format::packet::{header_size, PacketHeader};
 use std::io::Read;
 
 impl<R: Read> Reader<R> {
@@ -13,11 +13,35 @@ impl<R: Read> Reader<R> {
     /// the event after it), each parsed as [`Reader::read_events`] parses it; Ok(Some(why))
     /// at the first thing that reader would skip, warn of or stop at (what was read before
     /// it handed to `sink`), or once the sink says it is full. For a whole trace, faster:
-    /// one cursor a packet.
+    /// one cursor a packet. A sink that looks at no frames ([`EventSink::backtraces`]) gets
+    /// empty backtraces, each checked all the same.
     pub fn read_clean(&mut self, sink: &mut impl EventSink) -> Result<Option<String>> {
+        self.read_clean_with(sink, |_, _, _| {})
+    }
+
+    /// [`Reader::read_clean`], each packet's header shown to `packet` before its events,
+    /// with its body's length and its offset in the file.
+    pub(crate) fn read_clean_with(
+        &mut self,
+        sink: &mut impl EventSink,
+        packet: impl FnMut(&PacketHeader, usize, u64),
+    ) -> Result<Option<String>> {
         // (one stream: promotes and collects of another domain's ids stay as read)
         self.parse_backtraces = true;
         self.only_domain = None;
+        match sink.backtraces() {
+            true => self.clean_loop::<false>(sink, packet),
+            false => self.clean_loop::<true>(sink, packet),
+        }
+    }
+
+    /// [`Reader::read_clean_with`]'s loop; with `WALK`, backtraces run through the cache
+    /// only.
+    fn clean_loop<const WALK: bool>(
+        &mut self,
+        sink: &mut impl EventSink,
+        mut packet: impl FnMut(&PacketHeader, usize, u64),
+    ) -> Result<Option<String>> {
         loop {
             let at = self.base + self.start as u64;
             let refuse = |why: &str| Ok(Some(format!("{why} at byte {at}")));
@@ -50,6 +74,7 @@ impl<R: Read> Reader<R> {
                 return refuse("a cache verifier that does not match");
             }
             let body = self.start + header_size(h.version)..self.start + size;
+            packet(&h, body.len(), at);
             let mut c = Cursor::new(&self.buf[body.clone()]);
             while c.remaining() > 0 {
                 let ev_at = body.start + c.pos();
@@ -62,6 +87,7 @@ impl<R: Read> Reader<R> {
                     &mut self.locations,
                     &mut self.new_codes,
                     true,
+                    WALK,
                 );
                 for code in self.new_codes.drain(..) {
                     if let Some(l) = self.locations.get_mut(&code) {
@@ -75,7 +101,8 @@ impl<R: Read> Reader<R> {
                 match p {
                     Ok(None) => {}
                     Ok(Some(p)) => {
-                        p.give(sink, ds.cache.backtrace(), &[]);
+                        let frames = if WALK { &[] } else { ds.cache.backtrace() };
+                        p.give(sink, frames, &[]);
                         if sink.full() {
                             return Ok(Some("stopped by its reader".into()));
                         }

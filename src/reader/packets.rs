@@ -377,6 +377,7 @@ impl<R: Read> Reader<R> {
             &mut self.locations,
             &mut self.new_codes,
             self.parse_backtraces,
+            false,
         );
         let used = c.pos();
         if self.new_codes.len() > defined {

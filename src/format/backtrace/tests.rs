@@ -447,3 +447,57 @@ fn bucket_hashes_match_ocaml() {
         )
     );
 }
+
+/// A random run of codewords over a few buckets: misses, hits, hits with one or more
+/// predictions, some on entries no miss filled.
+fn random_codewords(rnd: &mut impl FnMut(u64) -> u64, n: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let bucket = rnd(16) as u16;
+        match rnd(8) {
+            0..=2 => v.extend(miss(bucket, 100 + rnd(8))),
+            3 | 4 => {
+                v.extend(((bucket << 2) | 2).to_le_bytes());
+                v.push(rnd(40) as u8);
+            }
+            tag => v.extend(((bucket << 2) | (tag as u16 & 1)).to_le_bytes()),
+        }
+    }
+    v
+}
+
+#[test]
+fn walking_changes_the_cache_and_length_as_decoding_does() {
+    let mut rnd = xorshift(0x5eed_1234_abcd);
+    let (mut ok, mut failed) = (0, 0);
+    for _ in 0..400 {
+        let (mut d, mut w) = (CacheReader::default(), CacheReader::default());
+        // (entries 1 to 14 filled first; entry 0 only when a miss fills it)
+        let fill: Vec<u8> = (1..15)
+            .flat_map(|b| miss(b, 100 + u64::from(b) % 7))
+            .collect();
+        d.decode(&mut Cursor::new(&fill), 14, 0, |_| true).unwrap();
+        w.walk(&mut Cursor::new(&fill), 14, 0, |_| true).unwrap();
+        for _ in 0..20 {
+            let n = rnd(6) as usize;
+            let bytes = random_codewords(&mut rnd, n);
+            let prefix = rnd(d.backtrace().len() as u64 + 4);
+            // (code 107 is never defined)
+            let defined = |c: LocationCode| c.0 != 107;
+            let a = d.decode(&mut Cursor::new(&bytes), n, prefix, defined);
+            let b = w.walk(&mut Cursor::new(&bytes), n, prefix, defined);
+            assert_eq!(a, b, "{bytes:?} after a prefix of {prefix}");
+            if a.is_err() {
+                failed += 1;
+                break;
+            }
+            ok += 1;
+            assert_eq!(d.backtrace().len(), w.last_len);
+            for i in 0..CACHE_SIZE {
+                let entry = |r: &CacheReader| r.tables.as_ref().map(|t| t.entry(i));
+                assert_eq!(entry(&d), entry(&w), "entry {i}");
+            }
+        }
+    }
+    assert!(ok > 500 && failed > 100, "ok {ok}, failed {failed}");
+}
