@@ -244,3 +244,17 @@ pub(crate) fn current_cpu() -> Option<usize> {
 
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn keep_off(_: i32, _: &CpuSet, _: usize) {}
+
+/// Ask the core to bring the cache line of `r` in, without waiting for it: the next
+/// stream's event, decoded on another core, is then there when the merge comes to it.
+#[inline(always)]
+pub(crate) fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees, and `r` is a valid reference.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}

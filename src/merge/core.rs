@@ -59,6 +59,17 @@ pub(super) fn merge_streams(
             .map(|r| r.0)
             .min()
             .unwrap_or(u128::MAX);
+        if bound != u128::MAX {
+            // (the stream most likely next: its event and state asked for now)
+            let n = &streams[bound as u32 as usize];
+            if let Some(e) = n.batch.evs.get(n.pos) {
+                crate::sys::prefetch(e);
+            }
+            crate::sys::prefetch(&bts[bound as u32 as usize]);
+            if let Some(f) = n.batch.frames.get(n.frame_pos) {
+                crate::sys::prefetch(f);
+            }
+        }
         let s = &mut streams[i];
         let st = &mut states[s.input];
         loop {
