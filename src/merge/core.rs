@@ -60,7 +60,8 @@ pub(super) fn merge_streams(
             .min()
             .unwrap_or(u128::MAX);
         if bound != u128::MAX {
-            // (the stream most likely next: its event and state asked for now)
+            // (the stream most likely next: its event, backtrace and new frames asked for
+            // now, while this one's event is merged)
             let n = &streams[bound as u32 as usize];
             if let Some(e) = n.batch.evs.get(n.pos) {
                 crate::sys::prefetch(e);

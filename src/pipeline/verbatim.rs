@@ -42,7 +42,7 @@ pub struct Survey {
 }
 
 /// Object states by id, two bits each: 0 never allocated, 1 live, 2 live and promoted, 3
-/// collected. (A byte each was read back from beyond the core's cache at most collects.)
+/// collected. (A quarter of a byte each, so that a million objects take 250 KB.)
 struct Lives<'a> {
     state: Vec<u64>,
     bad: Option<String>,
@@ -67,8 +67,8 @@ impl Lives<'_> {
         Some((w, shift))
     }
 
-    /// Move `id` from a state `from` allows to `to`; false (and nothing changed) when its
-    /// state is another.
+    /// Move `id` from a state `from` allows to `to`; the state it was in (and nothing
+    /// changed) when `from` does not allow it.
     #[inline]
     fn change(&mut self, id: u64, from: impl Fn(u64) -> bool, to: u64) -> Option<u64> {
         let (w, shift) = self.slot(id)?;
