@@ -496,3 +496,18 @@ fn generated_processes_hand_objects_over() {
         "{w:?}"
     );
 }
+
+/// A case the property found (one process of four domains): its format-2 merge lost an
+/// allocation and made one up.
+#[test]
+fn four_domains_of_103_events() {
+    merge_processes(&[Process {
+        seed: 6715464422678447566,
+        events: 103,
+        domains: 4,
+        fast: false,
+        cut_at: None,
+        shared_codes: false,
+        flush_on_switch: false,
+    }]);
+}

@@ -135,11 +135,24 @@ enum Kept {
     Collect,
 }
 
+impl Kept {
+    /// The order of an object's events within a microsecond.
+    fn rank(&self) -> u8 {
+        match self {
+            Kept::Alloc(..) => 0,
+            Kept::Promote => 1,
+            Kept::Collect => 2,
+        }
+    }
+}
+
 /// [`allocations`] of a format-3 trace read as the merge reads it: each domain on its own
 /// (its packets alone, to its end or to an error, which ends only that domain: true when
-/// one did), the domains' events then taken in time order (ties in the order of the
-/// domains), a promote or collect of an object not yet allocated waiting for it until its
-/// microsecond ends. Holds every event of the trace in memory.
+/// one did), the domains' events then taken in time order, a microsecond's allocations
+/// before its promotes and those before its collects (other ties in the order of the
+/// domains: an object allocated in one domain may be promoted there and collected by
+/// another in the same microsecond), a promote or collect of an object not live dropped.
+/// Holds every event of the trace in memory.
 fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>, bool)> {
     let root = root.map(|l| list_hash(std::slice::from_ref(l)));
     let mut events: Vec<(u64, usize, u64, Kept)> = Vec::new();
@@ -169,34 +182,12 @@ fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>
         }
     }
     // (stable: each domain's own order kept)
-    events.sort_by_key(|e| (e.0, e.1));
+    events.sort_by_key(|e| (e.0, e.3.rank(), e.1));
     let mut live: IntMap<u64, Partial> = IntMap::default();
     let mut out = Vec::new();
-    // (promote or collect, of an object not live: id, time, whether a collect)
-    let mut waiting: Vec<(u64, u64, bool)> = Vec::new();
-    let follow = |live: &mut IntMap<u64, Partial>,
-                  out: &mut Vec<(Digest, u64)>,
-                  id: u64,
-                  time: u64,
-                  collect: bool| {
-        if collect {
-            match live.remove(&id) {
-                Some(p) => finish(out, p, Some(time)),
-                None => return false,
-            }
-        } else {
-            match live.get_mut(&id) {
-                Some(p) => {
-                    p.promote.get_or_insert(time);
-                }
-                None => return false,
-            }
-        }
-        true
-    };
     for (time, _, id, kept) in events {
-        // (those waiting from an earlier microsecond: never allocated in theirs)
-        waiting.retain(|w| w.1 >= time);
+        // (a promote or collect of an object not live is dropped: no allocation can come
+        // later in its microsecond)
         match kept {
             Kept::Alloc(base, nsamples) => {
                 let p = Partial {
@@ -207,15 +198,15 @@ fn by_domain(path: &Path, root: Option<&Location>) -> Result<(Vec<(Digest, u64)>
                 if let Some(old) = live.insert(id, p) {
                     finish(&mut out, old, None);
                 }
-                while let Some(k) = waiting.iter().position(|w| w.0 == id) {
-                    let (_, t, collect) = waiting.remove(k);
-                    follow(&mut live, &mut out, id, t, collect);
+            }
+            Kept::Promote => {
+                if let Some(p) = live.get_mut(&id) {
+                    p.promote.get_or_insert(time);
                 }
             }
-            Kept::Promote | Kept::Collect => {
-                let collect = matches!(kept, Kept::Collect);
-                if !follow(&mut live, &mut out, id, time, collect) {
-                    waiting.push((id, time, collect));
+            Kept::Collect => {
+                if let Some(p) = live.remove(&id) {
+                    finish(&mut out, p, Some(time));
                 }
             }
         }
