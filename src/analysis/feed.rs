@@ -2,7 +2,9 @@
 //! and their allocations counted there, so that the pass (on the caller's thread) mostly
 //! replays events; any thread decodes any stream, the pass too while it waits.
 
-use super::sites::{cell_key, define, Backtraces, Cell, CellTable, Ids, Path, StreamCells, Tree};
+use super::sites::{
+    cell_key, define, Backtraces, CellTable, Ids, NewCells, Path, StreamCells, Tree,
+};
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
@@ -147,6 +149,7 @@ struct Decoding {
 struct Sink<'a> {
     s: &'a mut Decoding,
     ids: &'a mut Ids,
+    new: &'a mut NewCells,
     out: &'a mut Vec<Ev>,
 }
 
@@ -179,14 +182,16 @@ impl EventSink for Sink<'_> {
                 let (id, local) = match s.by_key.get(&key) {
                     Some(&v) => v,
                     None => {
-                        let node = lock(&s.backtraces).intern(&s.path, backtrace);
-                        let cell = Cell {
-                            node,
-                            process: s.process,
-                            domain: s.domain,
+                        let v = s.cells.new_cell(
+                            s.process,
+                            s.domain,
                             source,
-                        };
-                        let v = s.cells.new_cell(cell, self.ids);
+                            &s.path,
+                            backtrace,
+                            self.ids,
+                            self.new,
+                            &s.backtraces,
+                        );
                         s.by_key.insert(key, v);
                         s.allocated.push(Allocated::default());
                         v
@@ -241,7 +246,13 @@ struct Batch {
 }
 
 /// Read up to `max` events of `s` into `out` (a damaged stream ends with a warning).
-fn decode(s: &mut Decoding, ids: &mut Ids, mut out: Vec<Ev>, max: usize) -> Batch {
+fn decode(
+    s: &mut Decoding,
+    ids: &mut Ids,
+    new: &mut NewCells,
+    mut out: Vec<Ev>,
+    max: usize,
+) -> Batch {
     out.clear();
     let Some(mut r) = s.reader.take() else {
         return Batch {
@@ -254,10 +265,12 @@ fn decode(s: &mut Decoding, ids: &mut Ids, mut out: Vec<Ev>, max: usize) -> Batc
         &mut Sink {
             s,
             ids,
+            new,
             out: &mut out,
         },
         max,
     );
+    s.cells.intern_new(new, &s.backtraces);
     let mut warnings: Vec<(u32, String)> = (r.take_warnings().into_iter())
         .map(|w| (s.process, w.to_string()))
         .collect();
@@ -436,6 +449,7 @@ pub(crate) struct Feed {
     backtraces: Arc<Mutex<Backtraces>>,
     /// The ids of the cells the pass makes when it decodes.
     ids: Ids,
+    new: NewCells,
     /// Where the decoding threads run: off the pass's CPU.
     placement: Arc<Placement>,
     queues: Vec<Queue>,
@@ -457,9 +471,10 @@ fn decoder(
     // (kept off the pass's CPU, as a merge keeps its decoding threads off its merging
     // thread's: else the kernel often has the two take turns on one CPU)
     let _placed = placement.helper();
+    let mut new = NewCells::default();
     while let Some(Job { mut state, buf }) = jobs.take() {
         let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            decode(&mut state, &mut ids, buf, batch)
+            decode(&mut state, &mut ids, &mut new, buf, batch)
         }));
         let done = decoded.ok().map(|batch| Done { state, batch });
         let panicked = done.is_none();
@@ -496,6 +511,7 @@ impl Feed {
             done,
             workers,
             ids: Ids::new(cell_ids),
+            new: NewCells::default(),
             placement,
             backtraces: backtraces.clone(),
             queues: Vec::new(),
@@ -611,7 +627,7 @@ impl Feed {
             if let Ok(d) = self.done.try_recv() {
                 self.arrived(d.ok_or_else(panicked)?);
             } else if let Some(Job { mut state, buf }) = self.jobs.take_now(i as u32) {
-                let batch = decode(&mut state, &mut self.ids, buf, self.batch);
+                let batch = decode(&mut state, &mut self.ids, &mut self.new, buf, self.batch);
                 self.arrived(Done { state, batch });
             } else {
                 // (every thread gone, their batches taken: none will come)

@@ -44,6 +44,20 @@ pub(crate) struct StreamCells {
     numbers: Vec<u32>,
 }
 
+/// The cells a thread made in the stream it decodes since it last interned their
+/// backtraces ([`StreamCells::intern_new`]): under one lock of the tree that every
+/// thread shares, rather than one a cell. A thread's, not a stream's: thousands of
+/// streams do not each keep its room.
+#[derive(Default)]
+pub(crate) struct NewCells {
+    /// (the cell's index among its stream's, where its frames start in `frames`)
+    cells: Vec<(u32, u32)>,
+    /// Their backtraces' frames, one after another.
+    frames: Vec<LocationCode>,
+    /// Their prefixes' fingerprints, one more each than its frames.
+    fps: Vec<u64>,
+}
+
 /// Every stream's backtraces and cells, joined ([`Tree::join`]), with each input's location
 /// table: what the reports name sites with.
 #[derive(Default)]
@@ -91,6 +105,10 @@ pub(crate) struct Path {
     /// `fps[k]`: the fingerprint of the first `k` frames (`fps[0]`: of no frame).
     fps: Vec<u64>,
 }
+
+/// Frames of new cells a thread holds before it interns them (a stream's first batch
+/// meets thousands of backtraces: not all of them held).
+const NEW_FRAMES: usize = 4096;
 
 /// Cell ids a thread takes at a time.
 const ID_BLOCK: u32 = 256;
@@ -148,10 +166,10 @@ const NO_BACKTRACE: LocationCode = LocationCode(u64::MAX);
 const NONE: u32 = u32::MAX;
 
 impl Backtraces {
-    /// The node of `backtrace` (caller first), which [`Path::fingerprint`] has just made
-    /// `path`'s: the nodes of its frames past its longest prefix already met are made.
-    pub(crate) fn intern(&mut self, path: &Path, backtrace: &[LocationCode]) -> u32 {
-        let fps = &path.fps;
+    /// The node of `backtrace` (caller first), `fps[k]` the fingerprint of its first `k`
+    /// frames ([`Path::fingerprint`]): the nodes of its frames past its longest prefix
+    /// already met are made.
+    fn intern(&mut self, fps: &[u64], backtrace: &[LocationCode]) -> u32 {
         if backtrace.is_empty() {
             // (no backtrace: one node of its own, under no frame any trace defines)
             let key = step(fps[0], NO_BACKTRACE.0);
@@ -204,14 +222,62 @@ impl Backtraces {
 }
 
 impl StreamCells {
-    /// A new cell: an allocation of `process` at `node` in `domain` of kind `source`, its
-    /// id from `ids`. Returns the id and its index among the stream's cells.
-    pub(crate) fn new_cell(&mut self, cell: Cell, ids: &mut Ids) -> (u32, u32) {
+    /// A new cell: an allocation of `process` in `domain` of kind `source` at `backtrace`,
+    /// which [`Path::fingerprint`] has just made `path`'s (its node is made when `new`
+    /// is next interned, in `backtraces`); its id from `ids`. Returns the id and its index
+    /// among the stream's cells.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new_cell(
+        &mut self,
+        process: u32,
+        domain: u16,
+        source: AllocSource,
+        path: &Path,
+        backtrace: &[LocationCode],
+        ids: &mut Ids,
+        new: &mut NewCells,
+        backtraces: &std::sync::Mutex<Backtraces>,
+    ) -> (u32, u32) {
         let local = self.cells.len() as u32;
         let id = ids.next();
-        self.cells.push(cell);
+        self.cells.push(Cell {
+            node: NONE,
+            process,
+            domain,
+            source,
+        });
         self.numbers.push(id);
+        new.cells.push((local, new.frames.len() as u32));
+        new.frames.extend_from_slice(backtrace);
+        new.fps.extend_from_slice(&path.fps[..=backtrace.len()]);
+        if new.frames.len() >= NEW_FRAMES {
+            self.intern_new(new, backtraces);
+        }
         (id, local)
+    }
+
+    /// Intern the backtraces of `new`, this stream's cells made since the last call.
+    pub(crate) fn intern_new(
+        &mut self,
+        new: &mut NewCells,
+        backtraces: &std::sync::Mutex<Backtraces>,
+    ) {
+        if new.cells.is_empty() {
+            return;
+        }
+        let mut t = backtraces.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, &(local, start)) in new.cells.iter().enumerate() {
+            let end = (new.cells.get(k + 1)).map_or(new.frames.len(), |n| n.1 as usize);
+            // (each cell has one fingerprint more than frames: `k` more before it)
+            let (start, fp_start) = (start as usize, start as usize + k);
+            let bt = &new.frames[start..end];
+            let fps = &new.fps[fp_start..fp_start + bt.len() + 1];
+            self.cells[local as usize].node = t.intern(fps, bt);
+        }
+        drop(t);
+        new.cells.clear();
+        new.frames.clear();
+        new.fps.clear();
     }
 }
 
@@ -397,10 +463,11 @@ mod tests {
     }
 
     /// A node is its backtrace: its stack gives the frames back, and backtraces sharing
-    /// a prefix share its nodes, whichever stream met them.
+    /// a prefix share its nodes, whichever stream met them (one stream's cells interned
+    /// all at once, the other's one at a time).
     #[test]
     fn a_node_is_its_stack() {
-        let mut t = Backtraces::default();
+        let t = std::sync::Mutex::new(Backtraces::default());
         let bts = [
             codes(&[1, 2, 3]),
             codes(&[1, 2, 3, 3, 3, 3]),
@@ -409,26 +476,39 @@ mod tests {
             codes(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]),
             codes(&[]),
         ];
+        let mut ids = Ids::new(Arc::new(AtomicU32::new(0)));
+        let mut cells = StreamCells::default();
+        let mut new = NewCells::default();
         let mut p = Path::default();
         let mut prefixes = std::collections::HashSet::new();
-        let mut nodes = Vec::new();
+        let mut previous: &[LocationCode] = &[];
         for bt in &bts {
-            p.fingerprint(0, bt);
-            nodes.push(t.intern(&p, bt));
+            // (as a reader gives them: the frames shared with the previous one)
+            let common = previous.iter().zip(bt).take_while(|(a, b)| a == b).count();
+            p.fingerprint(common, bt);
+            cells.new_cell(0, 0, AllocSource::Minor, &p, bt, &mut ids, &mut new, &t);
+            previous = bt;
             for k in 1..=bt.len() {
                 prefixes.insert(bt[..k].to_vec());
             }
         }
-        assert_eq!(t.nodes.len(), prefixes.len() + 1);
+        cells.intern_new(&mut new, &t);
+        let nodes: Vec<u32> = cells.cells.iter().map(|c| c.node).collect();
+        let nnodes = t.lock().unwrap().nodes.len();
+        assert_eq!(nnodes, prefixes.len() + 1);
         // (another stream, its backtraces in another order)
+        let mut other = StreamCells::default();
         let mut q = Path::default();
         for (bt, &n) in bts.iter().zip(&nodes).rev() {
             q.fingerprint(0, bt);
-            assert_eq!(t.intern(&q, bt), n);
+            let (_, local) =
+                other.new_cell(0, 0, AllocSource::Major, &q, bt, &mut ids, &mut new, &t);
+            other.intern_new(&mut new, &t);
+            assert_eq!(other.cells[local as usize].node, n);
         }
-        assert_eq!(t.nodes.len(), prefixes.len() + 1);
+        assert_eq!(t.lock().unwrap().nodes.len(), nnodes);
         let tree = Tree {
-            nodes: t.nodes,
+            nodes: t.into_inner().unwrap().nodes,
             ..Tree::default()
         };
         for (bt, &n) in bts.iter().zip(&nodes) {
