@@ -220,6 +220,11 @@ pub(crate) struct Hooks {
 /// decoding threads at their own, the merging thread, waiting for one, at every other);
 /// past them, each decoding thread lists its streams that run dry first.
 const SCANNED_STREAMS: usize = 64;
+/// Past [`SCANNED_STREAMS`], the times a decoding thread with nothing to fill looks again
+/// before it sleeps: with thousands of streams the merging thread lists one a few
+/// microseconds later, and a sleep each time made a futex wake-up of most batches
+/// (benches/PERFORMANCE.md, "Many inputs: the decoding thread spins").
+const SPINS: usize = 300;
 /// Batches queued per stream ahead of the consumer (with few streams).
 const DEPTH: usize = 4;
 /// Batches queued ahead of the consumer in all, past which each stream gets fewer.
@@ -676,6 +681,7 @@ fn decode_all(
     let wake = &sh.wakes[me];
     // (few streams: each looked at for the one with the fewest batches queued)
     let few = sh.queues.len() <= SCANNED_STREAMS;
+    let mut spins = 0;
     loop {
         if sh.abort.load(Ordering::Relaxed) || sh.unfinished[me].load(Ordering::SeqCst) == 0 {
             break;
@@ -692,9 +698,16 @@ fn decode_all(
                 .flatten()
         };
         let Some(i) = next else {
+            if !few && spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            spins = 0;
             wake.wait(Duration::from_millis(50));
             continue;
         };
+        spins = 0;
         // (unlisted before its queue is looked at: a batch taken from it from now on
         // lists it again)
         sh.listed[i].store(false, Ordering::SeqCst);
