@@ -5,7 +5,7 @@ use super::core::{merge_streams, Merged, Progress};
 use super::inputs::{describe_merge, merged_rate, open_as, Opened, Prepared};
 use super::objects::{warn_input, InputState};
 use super::plan::Plan;
-use super::verbatim::copied_inputs;
+use super::verbatim::{copied_inputs, Copied};
 use super::{InputReport, MergeOptions, MergeReport, RateMismatch};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
@@ -42,14 +42,14 @@ pub(super) fn merge_attempt(
         }
     });
     let mut info = merged_info(&opened, opts, format, min_rate);
-    let surveys = copied_inputs(&opened, opts, format, min_rate)?;
-    let copied: Vec<bool> = surveys.iter().map(Option::is_some).collect();
+    let copied_in = copied_inputs(&opened, opts, format, min_rate)?;
+    let copied: Vec<bool> = copied_in.surveys.iter().map(Option::is_some).collect();
     let mut plan = Plan::new(&opened, prepared, opts, format, min_rate, &copied)?;
     if copied.contains(&true) {
         // (the writer's first stream, which ends the trace with a packet, in a domain of
         // its own: after a copied domain's packets, its begin time would go back)
         info.initial_domain = DomainId(plan.free_domain);
-        take_in_copied(&mut plan, &surveys);
+        take_in_copied(&mut plan, &copied_in);
     }
     // decoders on the cores the merging thread leaves (at least one)
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -88,7 +88,14 @@ pub(super) fn merge_attempt(
     w.fault_in();
     w.get_mut().fault_in();
     // The copied inputs' packets first (format 3 orders events per domain only).
-    copy_inputs(&mut w, &plan, &opened, &surveys, info.pid, &opts.cancel)?;
+    copy_inputs(
+        &mut w,
+        &plan,
+        &opened,
+        &copied_in.surveys,
+        info.pid,
+        &opts.cancel,
+    )?;
     let p = &mut plan;
     let merged = merge_streams(
         &mut p.streams,
@@ -122,9 +129,13 @@ pub(super) fn merge_attempt(
         min_rate,
         wstats,
         encoded_ahead: plan.encoded_ahead,
-        copied: surveys.iter().flatten().fold((0, 0, 0), |(a, p, c), s| {
-            (a + s.allocs, p + s.promotes, c + s.collects)
-        }),
+        copied: copied_in
+            .surveys
+            .iter()
+            .flatten()
+            .fold((0, 0, 0), |(a, p, c), s| {
+                (a + s.allocs, p + s.promotes, c + s.collects)
+            }),
     };
     Ok(Some(report(
         plan.states,
@@ -272,12 +283,12 @@ fn writer(
 
 /// The copied inputs' counts in their reports, and their codes in the merged codes first:
 /// those of the inputs merged otherwise are remapped around them.
-fn take_in_copied(plan: &mut Plan, surveys: &[Option<Survey>]) {
-    for (st, s) in plan.states.iter_mut().zip(surveys) {
+fn take_in_copied(plan: &mut Plan, copied: &Copied) {
+    for (c, l) in &copied.codes {
+        plan.codes.map(*c, l);
+    }
+    for (st, s) in plan.states.iter_mut().zip(&copied.surveys) {
         let Some(s) = s else { continue };
-        for (c, l) in &s.locations {
-            plan.codes.map(*c, l);
-        }
         let r = &mut st.report;
         r.copied = true;
         (r.allocs, r.allocs_written) = (s.allocs, s.allocs);

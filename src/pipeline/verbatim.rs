@@ -194,8 +194,6 @@ pub fn survey(
         }
     })?;
     let mut s = std::mem::take(&mut lives.survey);
-    // (kept until every input is surveyed: a merge of a hundred holds a hundred)
-    s.locations.shrink_to_fit();
     s.refused = read.or(lives.bad).or(too_much);
     if s.refused.is_none() {
         s.domains = domains;
