@@ -214,39 +214,46 @@ fn a_thousand_inputs_under_256_open_files() {
         t0.elapsed()
     );
     let out = tmp.path().join("merged.ctf");
-    let m = run_measured(
-        "ulimit -n 256",
-        &[
-            "merge".as_ref(),
-            "-q".as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            dir.as_os_str(),
-        ],
-    );
-    println!(
-        "merge of {INPUTS} inputs under ulimit -n 256: {:?}, peak RSS {} KiB, peak open files {} ({} samples)",
-        m.took, m.peak_rss_kib, m.peak_fds, m.samples
-    );
-    assert_eq!(m.code, Some(0), "{}", m.stderr);
-    assert!(m.stderr.is_empty(), "{}", m.stderr);
-    assert!(m.samples > 0, "the merge was never sampled");
-    // the input pool keeps at most half the limit (128) open; then stdio, the output and
-    // whatever else the process holds (a few)
-    assert!(m.peak_fds <= 128 + 16, "peak open files {}", m.peak_fds);
-    assert!(
-        m.peak_rss_kib < MAX_RSS_KIB,
-        "peak RSS {} KiB",
-        m.peak_rss_kib
-    );
-    // every allocation of every input, exactly
-    let t1 = Instant::now();
-    let c = compare(&inputs, &out, CompareOptions::default()).unwrap();
-    assert!(c.equal(), "{c:?}");
-    assert_eq!(c.merged_allocs, INPUTS as u64 * ALLOCS_PER_INPUT);
-    println!("compared in {:?}", t1.elapsed());
-    let rep = memtrace_merge::tools::check::check_file(&out, &Default::default()).unwrap();
-    assert!(rep.is_valid(), "{:?}", rep.problems);
+    // In format 3 every input's packets are copied, each input opened and closed again
+    // under the same budget (they were all opened at once, and the 250th failed).
+    for format in ["2", "3"] {
+        let m = run_measured(
+            "ulimit -n 256",
+            &[
+                "merge".as_ref(),
+                "--format".as_ref(),
+                format.as_ref(),
+                "-o".as_ref(),
+                out.as_os_str(),
+                dir.as_os_str(),
+            ],
+        );
+        println!(
+            "format-{format} merge of {INPUTS} inputs under ulimit -n 256: {:?}, peak RSS {} KiB, peak open files {} ({} samples)",
+            m.took, m.peak_rss_kib, m.peak_fds, m.samples
+        );
+        assert_eq!(m.code, Some(0), "{}", m.stderr);
+        let copied = m.stderr.matches("its packets copied").count();
+        assert_eq!(copied, if format == "3" { INPUTS } else { 0 });
+        assert!(!m.stderr.contains("warning"), "{}", m.stderr);
+        assert!(m.samples > 0, "the merge was never sampled");
+        // the input pool keeps at most half the limit (128) open; then stdio, the output
+        // and whatever else the process holds (a few)
+        assert!(m.peak_fds <= 128 + 16, "peak open files {}", m.peak_fds);
+        assert!(
+            m.peak_rss_kib < MAX_RSS_KIB,
+            "peak RSS {} KiB",
+            m.peak_rss_kib
+        );
+        // every allocation of every input, exactly
+        let t1 = Instant::now();
+        let c = compare(&inputs, &out, CompareOptions::default()).unwrap();
+        assert!(c.equal(), "{c:?}");
+        assert_eq!(c.merged_allocs, INPUTS as u64 * ALLOCS_PER_INPUT);
+        println!("compared in {:?}", t1.elapsed());
+        let rep = memtrace_merge::tools::check::check_file(&out, &Default::default()).unwrap();
+        assert!(rep.is_valid(), "{:?}", rep.problems);
+    }
     // the analysis takes what the merge takes: the same inputs under the same limit, its
     // allocations those of the merge
     let a = run_measured(

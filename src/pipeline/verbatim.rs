@@ -14,9 +14,10 @@ use crate::format::buf::{Cursor, WriteBuf};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationPool};
 use crate::format::packet::{header_size, PacketHeader, MAX_PACKET_SIZE};
+use crate::pipeline::files::{FilePool, LazyFile};
 use crate::reader::{EventSink, Reader, READ_BUFFER};
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -202,60 +203,48 @@ pub fn survey(
 }
 
 /// A trace's packets after its info packet, read in order (a surveyed trace: its headers
-/// are known good).
+/// are known good), each into a buffer its caller shares between traces: a trace holds
+/// only its read-ahead and the next packet's first bytes.
 struct Packets {
-    file: File,
+    file: BufReader<LazyFile>,
     name: PathBuf,
-    buf: Vec<u8>,
-    /// Valid bytes are buf[start..end]; `base`: the file offset of buf[0].
-    start: usize,
-    end: usize,
-    base: u64,
-    /// The file offset of the packet handed out last.
+    /// The next packet's first bytes (magic, size, begin time); None at the end.
+    head: Option<[u8; HEAD]>,
+    /// The file offset of the next packet, and of the one handed out last.
+    next_at: u64,
     at: u64,
 }
 
+/// Bytes of a packet's header read ahead of its turn: up to its begin time.
+const HEAD: usize = 16;
+
 impl Packets {
-    /// The packets of `path` (named `name`), read `buffer` bytes at a time (at least a
-    /// packet's largest size and header).
-    fn open(path: &Path, name: &Path, buffer: usize) -> Result<Packets> {
-        let file = File::open(path).map_err(|e| Error::input(name, "open", e))?;
+    /// The packets of `path` (named `name`), opened under `pool`'s budget of open files,
+    /// read `buffer` bytes ahead (a packet larger than that is read straight into the
+    /// caller's buffer).
+    fn open(
+        pool: &FilePool,
+        path: &Path,
+        name: &Path,
+        buffer: usize,
+        packet: &mut Vec<u8>,
+    ) -> Result<Packets> {
+        let file = pool.open(path).map_err(|e| Error::input(name, "open", e))?;
         let mut p = Packets {
-            file,
+            file: BufReader::with_capacity(buffer, file),
             name: name.to_path_buf(),
-            buf: vec![0; buffer.max(2 * MAX_PACKET_SIZE)],
-            start: 0,
-            end: 0,
-            base: 0,
+            head: None,
+            next_at: 0,
             at: 0,
         };
+        p.read_head()?;
         // (the info packet is the merged trace's own)
-        p.next()?;
+        p.next(packet)?;
         Ok(p)
     }
 
     fn offset(&self) -> u64 {
         self.at
-    }
-
-    /// At least `n` bytes from `start`, unless the file ends first.
-    fn fill(&mut self, n: usize) -> Result<()> {
-        if self.end - self.start >= n {
-            return Ok(());
-        }
-        self.buf.copy_within(self.start..self.end, 0);
-        self.base += self.start as u64;
-        self.end -= self.start;
-        self.start = 0;
-        while self.end < n {
-            match self.file.read(&mut self.buf[self.end..]) {
-                Ok(0) => break,
-                Ok(k) => self.end += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::input(&self.name, "read", e)),
-            }
-        }
-        Ok(())
     }
 
     /// The error of a packet that no longer reads as when surveyed.
@@ -268,26 +257,59 @@ impl Packets {
         ))
     }
 
-    /// The next packet's header and body; None at the end of the file.
-    fn next(&mut self) -> Result<Option<(PacketHeader, &[u8])>> {
-        self.fill(68)?;
-        if self.start == self.end {
+    /// Fill `buf` from the file; false if it ended before the first byte.
+    fn read_all(&mut self, buf: &mut [u8]) -> Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.file.read(&mut buf[got..]) {
+                Ok(0) if got == 0 => return Ok(false),
+                Ok(0) => return Err(self.changed()),
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::input(&self.name, "read", e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Read the next packet's first bytes, if any.
+    fn read_head(&mut self) -> Result<()> {
+        let mut h = [0; HEAD];
+        self.head = self.read_all(&mut h)?.then_some(h);
+        Ok(())
+    }
+
+    /// The begin time of the next packet; None at the end of the file.
+    fn peek_time(&self) -> Option<u64> {
+        let h = self.head.as_ref()?;
+        // (the header was good when surveyed: its begin time is at bytes 8..16)
+        Some(u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8])))
+    }
+
+    /// The next packet, whole in `packet`, and its header; None at the end of the file.
+    fn next(&mut self, packet: &mut Vec<u8>) -> Result<Option<PacketHeader>> {
+        let Some(head) = self.head else {
             return Ok(None);
-        }
-        self.at = self.base + self.start as u64;
-        let h = PacketHeader::parse(&mut Cursor::new(&self.buf[self.start..self.end]))
-            .map_err(|_| self.changed())?;
-        let size = h.size as usize;
-        if size > self.buf.len() {
+        };
+        self.at = self.next_at;
+        let bits = u32::from_le_bytes(head[4..8].try_into().unwrap_or([0; 4]));
+        let size = bits as usize / 8;
+        if !(HEAD..=2 * MAX_PACKET_SIZE).contains(&size) {
             return Err(self.changed());
         }
-        self.fill(size)?;
-        if self.end - self.start < size {
+        packet.clear();
+        packet.extend_from_slice(&head);
+        packet.resize(size, 0);
+        if !self.read_all(&mut packet[HEAD..])? && size > HEAD {
             return Err(self.changed());
         }
-        let body = self.start + header_size(h.version)..self.start + size;
-        self.start += size;
-        Ok(Some((h, &self.buf[body])))
+        let h = PacketHeader::parse(&mut Cursor::new(packet)).map_err(|_| self.changed())?;
+        if h.size as usize != size {
+            return Err(self.changed());
+        }
+        self.next_at += size as u64;
+        self.read_head()?;
+        Ok(Some(h))
     }
 }
 
@@ -309,22 +331,26 @@ pub fn copy_packets(
     pid: u64,
     mut put: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
-    // (the inputs' buffers share 4 MiB, as few as there are: a merge of a hundred inputs
-    // read each through its own MiB)
-    let buffer = ((4 << 20) / inputs.len().max(1)).clamp(64 << 10, 1 << 20);
+    // (the inputs' read-ahead shares 4 MiB, as few as there are: a merge of a hundred
+    // inputs read each through its own MiB; the packets themselves pass through one
+    // buffer)
+    let buffer = ((4 << 20) / inputs.len().max(1)).clamp(4 << 10, 1 << 20);
+    let mut packet = Vec::with_capacity(MAX_PACKET_SIZE);
+    // (opened and closed under a budget, as the merge's inputs are: thousands of inputs
+    // under `ulimit -n 256`; a quarter of the limit, the decoding threads have half)
+    let pool = FilePool::from_rlimit_share(2);
     let mut srcs = Vec::with_capacity(inputs.len());
     for i in inputs {
-        srcs.push(Packets::open(&i.path, &i.name, buffer)?);
+        srcs.push(Packets::open(&pool, &i.path, &i.name, buffer, &mut packet)?);
     }
     let mut out = WriteBuf::with_capacity(MAX_PACKET_SIZE);
-    // the next packet's begin time per input, read ahead by one header
-    let mut next: Vec<Option<u64>> = srcs.iter_mut().map(peek_time).collect::<Result<_>>()?;
     while let Some(k) = (0..srcs.len())
-        .filter(|&k| next[k].is_some())
-        .min_by_key(|&k| (next[k], k))
+        .filter(|&k| srcs[k].head.is_some())
+        .min_by_key(|&k| (srcs[k].peek_time(), k))
     {
         let inp = &inputs[k];
-        if let Some((h, body)) = srcs[k].next()? {
+        if let Some(h) = srcs[k].next(&mut packet)? {
+            let body = &packet[header_size(h.version)..];
             if !body.is_empty() {
                 let Some(&(_, d)) = inp.domains.iter().find(|(d, _)| *d == h.domain) else {
                     return Err(Error::Internal(format!(
@@ -348,20 +374,6 @@ pub fn copy_packets(
                 put(out.bytes())?;
             }
         }
-        next[k] = peek_time(&mut srcs[k])?;
     }
     Ok(())
-}
-
-/// The begin time of the packet `p` hands out next; None at its end.
-fn peek_time(p: &mut Packets) -> Result<Option<u64>> {
-    p.fill(68)?;
-    if p.start == p.end {
-        return Ok(None);
-    }
-    // (the header was good when surveyed: its begin time is at bytes 8..16)
-    let b = p.buf.get(p.start + 8..p.start + 16).ok_or_else(|| {
-        Error::Internal(format!("{}: a packet header cut short", p.name.display()))
-    })?;
-    Ok(Some(u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))))
 }
