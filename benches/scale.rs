@@ -97,10 +97,12 @@ fn limited() -> Command {
 }
 
 /// A merge of `inputs` into a fresh `out`, removed afterwards (the large set's is 3.5 GB).
-fn merge_once(inputs: &[PathBuf], out: &Path) -> Run {
+fn merge_once(inputs: &[PathBuf], out: &Path, format: &str) -> Run {
     let _ = std::fs::remove_file(out);
     let mut cmd = Command::new(cli());
-    cmd.args(["merge", "-q", "-o"]).arg(out).args(inputs);
+    cmd.args(["merge", "-q", "--format", format, "-o"])
+        .arg(out)
+        .args(inputs);
     let r = run_child(&mut cmd);
     let _ = std::fs::remove_file(out);
     r
@@ -455,29 +457,45 @@ fn large(data: &Path, scale: f64, rounds: usize, tmp: &Path, v: &mut Verdicts) {
         load()
     );
     let out = tmp.join("large.ctf");
-    let mut b = || merge_once(&base, &out);
-    let mut t = || merge_once(tenth, &out);
-    let mut h = || merge_once(&all, &out);
-    let runs = in_turns(rounds, &mut [&mut b, &mut t, &mut h]);
+    // Format 2 (one stream: every event re-encoded) and format 3 (each input's packets
+    // copied in domains of its own, after a survey of each).
+    for format in ["2", "3"] {
+        let mut b = || merge_once(&base, &out, format);
+        let mut t = || merge_once(tenth, &out, format);
+        let mut h = || merge_once(&all, &out, format);
+        let runs = in_turns(rounds, &mut [&mut b, &mut t, &mut h]);
+        large_verdicts(
+            format,
+            &runs,
+            [base_bytes, tenth_bytes, bytes],
+            tenth.len(),
+            v,
+        );
+    }
+}
+
+/// What the merges to `format` of the 94 MB set, a tenth of the large inputs and all of
+/// them (`runs`, of `sets`' bytes) say of issue 34's targets for large inputs.
+fn large_verdicts(format: &str, runs: &[Vec<Run>], sets: [u64; 3], tenth: usize, v: &mut Verdicts) {
+    let [base_bytes, tenth_bytes, bytes] = sets;
     let rate = |bytes: u64, runs: &[Run]| {
         let mut t: Vec<f64> = runs.iter().map(|r| r.secs).collect();
         bytes as f64 / median(&mut t) / 1e6
     };
     println!(
-        "  the {:.1} MB set: {}, {:.0} MB/s",
+        "  to format {format}: the {:.1} MB set: {}, {:.0} MB/s",
         base_bytes as f64 / 1e6,
         summary("s", &runs[0]),
         rate(base_bytes, &runs[0])
     );
     println!(
-        "  {} large inputs ({:.2} GB): {}, {:.0} MB/s",
-        tenth.len(),
+        "  to format {format}: {tenth} large inputs ({:.2} GB): {}, {:.0} MB/s",
         tenth_bytes as f64 / 1e9,
         summary("s", &runs[1]),
         rate(tenth_bytes, &runs[1])
     );
     println!(
-        "  {LARGE} large inputs ({:.2} GB): {}, {:.0} MB/s",
+        "  to format {format}: {LARGE} large inputs ({:.2} GB): {}, {:.0} MB/s",
         bytes as f64 / 1e9,
         summary("s", &runs[2]),
         rate(bytes, &runs[2])
@@ -494,22 +512,21 @@ fn large(data: &Path, scale: f64, rounds: usize, tmp: &Path, v: &mut Verdicts) {
         median(&mut r)
     };
     println!(
-        "  throughput of {} large inputs / the {:.1} MB set's: {:.2} (median of the rounds' ratios; per CPU second {:.2})",
-        tenth.len(),
+        "  to format {format}: throughput of {tenth} large inputs / the {:.1} MB set's: {:.2} (median of the rounds' ratios; per CPU second {:.2})",
         base_bytes as f64 / 1e6,
         per_round(1, tenth_bytes, wall),
         per_round(1, tenth_bytes, cpu)
     );
     let r = per_round(2, bytes, wall);
     println!(
-        "  throughput of {LARGE} large inputs / the {:.1} MB set's: {r:.2} (median of the rounds' ratios; per CPU second {:.2}); {}",
+        "  to format {format}: throughput of {LARGE} large inputs / the {:.1} MB set's: {r:.2} (median of the rounds' ratios; per CPU second {:.2}); {}",
         base_bytes as f64 / 1e6,
         per_round(2, bytes, cpu),
         v.judge(
             r >= 1.0 - NOISE,
             &format!("at least {:.1}", 1.0 - NOISE),
             format!(
-                "throughput of {LARGE} large inputs / the {:.1} MB set's: {r:.2}, at least {:.1} (the same, but for noise)",
+                "to format {format}: throughput of {LARGE} large inputs / the {:.1} MB set's: {r:.2}, at least {:.1} (the same, but for noise)",
                 base_bytes as f64 / 1e6,
                 1.0 - NOISE
             )
@@ -521,16 +538,14 @@ fn large(data: &Path, scale: f64, rounds: usize, tmp: &Path, v: &mut Verdicts) {
         _ => f64::NAN,
     };
     println!(
-        "  peak RSS of {LARGE} large inputs / {}: {} MB / {} MB = {ratio:.2}; {}",
-        tenth.len(),
+        "  to format {format}: peak RSS of {LARGE} large inputs / {tenth}: {} MB / {} MB = {ratio:.2}; {}",
         mib(r100),
         mib(r10),
         v.judge(
             ratio <= 1.0 + NOISE,
             &format!("at most {:.1}", 1.0 + NOISE),
             format!(
-                "peak RSS of {LARGE} large inputs / {}: {ratio:.2}, at most {:.1} (flat, but for noise)",
-                tenth.len(),
+                "to format {format}: peak RSS of {LARGE} large inputs / {tenth}: {ratio:.2}, at most {:.1} (flat, but for noise)",
                 1.0 + NOISE
             )
         )
