@@ -156,6 +156,9 @@ struct Shared {
     /// Per worker: its streams with room for a batch, the one that runs dry first on top
     /// (finding it does not look at every stream).
     todo: Vec<Mutex<DryFirst>>,
+    /// Per worker: the length of its `todo`, readable without the lock (which the merging
+    /// thread takes at each batch it takes).
+    todo_len: Vec<AtomicUsize>,
     /// Per stream: the time of the last event of its last batch filled, when the merge
     /// needs its next.
     dry_at: Vec<AtomicU64>,
@@ -179,10 +182,10 @@ impl Shared {
     fn want(&self, i: usize) {
         if self.queues.len() > SCANNED_STREAMS && !self.listed[i].swap(true, Ordering::SeqCst) {
             let at = self.dry_at[i].load(Ordering::Relaxed);
-            self.todo[self.owner[i]]
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Reverse((at, i)));
+            let w = self.owner[i];
+            let mut t = self.todo[w].lock().unwrap_or_else(|e| e.into_inner());
+            t.push(Reverse((at, i)));
+            self.todo_len[w].store(t.len(), Ordering::Relaxed);
         }
     }
 
@@ -220,11 +223,12 @@ pub(crate) struct Hooks {
 /// decoding threads at their own, the merging thread, waiting for one, at every other);
 /// past them, each decoding thread lists its streams that run dry first.
 const SCANNED_STREAMS: usize = 64;
-/// Past [`SCANNED_STREAMS`], the times a decoding thread with nothing to fill looks again
-/// before it sleeps: with thousands of streams the merging thread lists one a few
-/// microseconds later, and a sleep each time made a futex wake-up of most batches
-/// (benches/PERFORMANCE.md, "Many inputs: the decoding thread spins").
-const SPINS: usize = 300;
+/// Past [`SCANNED_STREAMS`], the times a decoding thread with nothing to fill looks at the
+/// length of its list (and the room) before it sleeps: with thousands of streams the
+/// merging thread lists one a few microseconds later, and a sleep each time made a futex
+/// wake-up of most batches (benches/PERFORMANCE.md, "Many inputs: the decoding thread
+/// spins").
+const SPINS: usize = 1000;
 /// Batches queued per stream ahead of the consumer (with few streams).
 const DEPTH: usize = 4;
 /// Batches queued ahead of the consumer in all, past which each stream gets fewer.
@@ -288,6 +292,14 @@ impl Decoder {
             BATCH_EVENTS
         };
         let nstreams = streams.len().max(1);
+        // (every stream wants its first batch; with few, none is ever listed)
+        let listing = streams.len() > SCANNED_STREAMS;
+        let todo: Vec<DryFirst> = (0..n)
+            .map(|w| {
+                let mine = (0..streams.len()).filter(|&i| listing && owner[i] == w);
+                mine.map(|i| Reverse((0, i))).collect()
+            })
+            .collect();
         let shared = Arc::new(Shared {
             queues: (0..streams.len())
                 .map(|_| Queue {
@@ -308,14 +320,8 @@ impl Decoder {
             locations: (nstreams > 1).then(Default::default),
             windows: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
-            // (every stream wants its first batch; with few, none is ever listed)
-            todo: (0..n)
-                .map(|w| {
-                    let listing = streams.len() > SCANNED_STREAMS;
-                    let mine = (0..streams.len()).filter(|&i| listing && owner[i] == w);
-                    Mutex::new(mine.map(|i| Reverse((0, i))).collect())
-                })
-                .collect(),
+            todo_len: todo.iter().map(|t| AtomicUsize::new(t.len())).collect(),
+            todo: todo.into_iter().map(Mutex::new).collect(),
             dry_at: (0..streams.len()).map(|_| AtomicU64::new(0)).collect(),
             queued: AtomicUsize::new(0),
             listed: (0..streams.len()).map(|_| AtomicBool::new(true)).collect(),
@@ -464,7 +470,7 @@ impl Decoder {
             }
         } else if best.is_none() {
             // the stream of a decoding thread's that runs dry first
-            for todo in &sh.todo {
+            for (w, todo) in sh.todo.iter().enumerate() {
                 let mut t = todo.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(&Reverse((_, j))) = t.peek() else {
                     continue;
@@ -474,6 +480,7 @@ impl Decoder {
                 }
                 if let Some(st) = self.fillable(j) {
                     t.pop();
+                    sh.todo_len[w].store(t.len(), Ordering::Relaxed);
                     sh.listed[j].store(false, Ordering::SeqCst);
                     best = Some((j, st));
                     break;
@@ -693,18 +700,27 @@ fn decode_all(
             (sh.queued.load(Ordering::SeqCst) < QUEUED)
                 .then(|| {
                     let mut t = sh.todo[me].lock().unwrap_or_else(|e| e.into_inner());
-                    t.pop().map(|Reverse((_, i))| i)
+                    let first = t.pop().map(|Reverse((_, i))| i);
+                    sh.todo_len[me].store(t.len(), Ordering::Relaxed);
+                    first
                 })
                 .flatten()
         };
         let Some(i) = next else {
-            if !few && spins < SPINS {
+            // (looked at again once a stream is listed and there is room, without the
+            // list's lock meanwhile)
+            let ready = || {
+                sh.todo_len[me].load(Ordering::Relaxed) > 0
+                    && sh.queued.load(Ordering::Relaxed) < QUEUED
+            };
+            while !few && spins < SPINS && !ready() {
                 spins += 1;
                 std::hint::spin_loop();
-                continue;
             }
-            spins = 0;
-            wake.wait(Duration::from_millis(50));
+            if few || spins >= SPINS {
+                spins = 0;
+                wake.wait(Duration::from_millis(50));
+            }
             continue;
         };
         spins = 0;
