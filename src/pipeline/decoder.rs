@@ -123,6 +123,35 @@ impl Wake {
 /// the soonest on top.
 type DryFirst = BinaryHeap<Reverse<(u64, usize)>>;
 
+/// A decoding thread's streams with room for a batch, the one that runs dry first on top
+/// (finding it does not look at every stream), and their number, readable without the
+/// lock (which the merging thread takes at each batch it takes).
+struct Todo {
+    list: Mutex<DryFirst>,
+    len: AtomicUsize,
+}
+
+impl Todo {
+    fn new(list: DryFirst) -> Todo {
+        Todo {
+            len: AtomicUsize::new(list.len()),
+            list: Mutex::new(list),
+        }
+    }
+
+    /// `f` on the list, under its lock; its length kept beside it.
+    fn update<R>(&self, f: impl FnOnce(&mut DryFirst) -> R) -> R {
+        let mut t = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut t);
+        self.len.store(t.len(), Ordering::Relaxed);
+        r
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+}
+
 struct Shared {
     queues: Vec<Queue>,
     /// The worker decoding each stream.
@@ -153,12 +182,8 @@ struct Shared {
     /// Batches queued per stream ahead of the consumer: [`DEPTH`], fewer with many
     /// streams, whose batches would otherwise hold most of the merge's memory.
     depth: usize,
-    /// Per worker: its streams with room for a batch, the one that runs dry first on top
-    /// (finding it does not look at every stream).
-    todo: Vec<Mutex<DryFirst>>,
-    /// Per worker: the length of its `todo`, readable without the lock (which the merging
-    /// thread takes at each batch it takes).
-    todo_len: Vec<AtomicUsize>,
+    /// Per worker: its streams with room for a batch.
+    todo: Vec<Todo>,
     /// Per stream: the time of the last event of its last batch filled, when the merge
     /// needs its next.
     dry_at: Vec<AtomicU64>,
@@ -182,10 +207,7 @@ impl Shared {
     fn want(&self, i: usize) {
         if self.queues.len() > SCANNED_STREAMS && !self.listed[i].swap(true, Ordering::SeqCst) {
             let at = self.dry_at[i].load(Ordering::Relaxed);
-            let w = self.owner[i];
-            let mut t = self.todo[w].lock().unwrap_or_else(|e| e.into_inner());
-            t.push(Reverse((at, i)));
-            self.todo_len[w].store(t.len(), Ordering::Relaxed);
+            self.todo[self.owner[i]].update(|t| t.push(Reverse((at, i))));
         }
     }
 
@@ -320,8 +342,7 @@ impl Decoder {
             locations: (nstreams > 1).then(Default::default),
             windows: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
-            todo_len: todo.iter().map(|t| AtomicUsize::new(t.len())).collect(),
-            todo: todo.into_iter().map(Mutex::new).collect(),
+            todo: todo.into_iter().map(Todo::new).collect(),
             dry_at: (0..streams.len()).map(|_| AtomicU64::new(0)).collect(),
             queued: AtomicUsize::new(0),
             listed: (0..streams.len()).map(|_| AtomicBool::new(true)).collect(),
@@ -470,19 +491,18 @@ impl Decoder {
             }
         } else if best.is_none() {
             // the stream of a decoding thread's that runs dry first
-            for (w, todo) in sh.todo.iter().enumerate() {
-                let mut t = todo.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(&Reverse((_, j))) = t.peek() else {
-                    continue;
-                };
-                if j == i {
-                    continue;
-                }
-                if let Some(st) = self.fillable(j) {
+            for todo in &sh.todo {
+                best = todo.update(|t| {
+                    let &Reverse((_, j)) = t.peek()?;
+                    if j == i {
+                        return None;
+                    }
+                    let st = self.fillable(j)?;
                     t.pop();
-                    sh.todo_len[w].store(t.len(), Ordering::Relaxed);
                     sh.listed[j].store(false, Ordering::SeqCst);
-                    best = Some((j, st));
+                    Some((j, st))
+                });
+                if best.is_some() {
                     break;
                 }
             }
@@ -698,21 +718,13 @@ fn decode_all(
             pick_stream(sh, &mine)
         } else {
             (sh.queued.load(Ordering::SeqCst) < QUEUED)
-                .then(|| {
-                    let mut t = sh.todo[me].lock().unwrap_or_else(|e| e.into_inner());
-                    let first = t.pop().map(|Reverse((_, i))| i);
-                    sh.todo_len[me].store(t.len(), Ordering::Relaxed);
-                    first
-                })
+                .then(|| sh.todo[me].update(|t| t.pop().map(|Reverse((_, i))| i)))
                 .flatten()
         };
         let Some(i) = next else {
             // (looked at again once a stream is listed and there is room, without the
             // list's lock meanwhile)
-            let ready = || {
-                sh.todo_len[me].load(Ordering::Relaxed) > 0
-                    && sh.queued.load(Ordering::Relaxed) < QUEUED
-            };
+            let ready = || !sh.todo[me].is_empty() && sh.queued.load(Ordering::Relaxed) < QUEUED;
             while !few && spins < SPINS && !ready() {
                 spins += 1;
                 std::hint::spin_loop();
