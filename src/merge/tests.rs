@@ -126,10 +126,12 @@ fn encoding_ahead_on_either_thread_does_not_change_the_bytes() {
         };
         let (want, remapped) = run(3, Hooks::default());
         for (what, hooks) in slow_decoding() {
-            // (until a merge in which the merging thread encoded 5 batches or more:
-            // on a busy machine the decoding thread may still fill nearly all)
+            // (until a merge in which the merging thread encoded 2 batches or more, which
+            // covers that path: the 3 generated inputs have 3 batches each, so holding
+            // leaves it only a few to fill ahead, and on a busy machine the decoding
+            // thread may still fill nearly all)
             let mut most = 0;
-            for _ in 0..5 {
+            for _ in 0..10 {
                 let before = crate::pipeline::decoder::FILLED_HERE.get();
                 let (got, _) = run(1, hooks);
                 let encoded = crate::pipeline::decoder::FILLED_HERE.get().encoded - before.encoded;
@@ -139,12 +141,12 @@ fn encoding_ahead_on_either_thread_does_not_change_the_bytes() {
                     set.len()
                 );
                 most = most.max(encoded);
-                if most >= 5 {
+                if most >= 2 {
                     break;
                 }
             }
             assert!(
-                most >= 5,
+                most >= 2,
                 "{what}: only {most} batches encoded by the merging thread ({} inputs)",
                 set.len()
             );
