@@ -137,8 +137,10 @@ struct Mtf<T> {
 
 impl<T> Default for Mtf<T> {
     fn default() -> Self {
+        // (empty until used: a reader has a table of names per file, most of them short,
+        // and a merge of thousands of inputs has thousands of readers)
         Mtf {
-            entries: Vec::with_capacity(MTF_LEN),
+            entries: Vec::new(),
         }
     }
 }
