@@ -187,9 +187,12 @@ struct Shared {
     /// Per stream: the time of the last event of its last batch filled, when the merge
     /// needs its next.
     dry_at: Vec<AtomicU64>,
-    /// Batches queued in all, at most [`QUEUED`]: with thousands of streams only those
-    /// that run dry soonest have one queued (the others hold one, the merge's).
+    /// Batches queued in all, at most `room`: with thousands of streams only those that
+    /// run dry soonest have one queued (the others hold one, the merge's).
     queued: AtomicUsize,
+    /// Batches that may be queued in all: [`QUEUED`], or one a stream past that many
+    /// streams, up to [`MANY_QUEUED`].
+    room: usize,
     /// Per stream: listed in its worker's `todo`.
     listed: Vec<AtomicBool>,
     /// Per worker: its streams not ended yet.
@@ -219,7 +222,7 @@ impl Shared {
 
     /// A queued batch was taken: a worker waiting for room may fill one again.
     fn taken(&self) {
-        if self.queued.fetch_sub(1, Ordering::SeqCst) == QUEUED {
+        if self.queued.fetch_sub(1, Ordering::SeqCst) == self.room {
             for w in &self.wakes {
                 w.ring();
             }
@@ -255,6 +258,11 @@ const SPINS: usize = 1000;
 const DEPTH: usize = 4;
 /// Batches queued ahead of the consumer in all, past which each stream gets fewer.
 const QUEUED: usize = 256;
+/// Past [`QUEUED`] streams, batches queued in all, at most: streams that run in step run
+/// dry together, and with room for too few of them the merging thread fills most of their
+/// batches itself while the decoding thread waits for room (benches/PERFORMANCE.md, "Many
+/// inputs: room for more batches").
+const MANY_QUEUED: usize = 1024;
 /// Frames in the batches of all streams, past which each stream's are fewer.
 const FRAMES_QUEUED: usize = 1 << 19;
 /// Streams up to which the decoders give the merging thread each frame's cache entry in
@@ -342,6 +350,7 @@ impl Decoder {
             locations: (nstreams > 1).then(Default::default),
             windows: nstreams > BUFFERED_STREAMS,
             depth: (QUEUED / nstreams).clamp(1, DEPTH),
+            room: nstreams.clamp(QUEUED, MANY_QUEUED),
             todo: todo.into_iter().map(Todo::new).collect(),
             dry_at: (0..streams.len()).map(|_| AtomicU64::new(0)).collect(),
             queued: AtomicUsize::new(0),
@@ -549,7 +558,7 @@ impl Decoder {
         let mut f = self.shared.free.lock().unwrap_or_else(|e| e.into_inner());
         // (with many streams one is wanted again soon: kept rather than freed and made
         // anew, as many as may be queued in all)
-        if f.len() < self.shared.queues.len().clamp(64, QUEUED) {
+        if f.len() < self.shared.queues.len().clamp(64, self.shared.room) {
             f.push_back(b);
         }
     }
@@ -717,14 +726,14 @@ fn decode_all(
         let next = if few {
             pick_stream(sh, &mine)
         } else {
-            (sh.queued.load(Ordering::SeqCst) < QUEUED)
+            (sh.queued.load(Ordering::SeqCst) < sh.room)
                 .then(|| sh.todo[me].update(|t| t.pop().map(|Reverse((_, i))| i)))
                 .flatten()
         };
         let Some(i) = next else {
             // (looked at again once a stream is listed and there is room, without the
             // list's lock meanwhile)
-            let ready = || !sh.todo[me].is_empty() && sh.queued.load(Ordering::Relaxed) < QUEUED;
+            let ready = || !sh.todo[me].is_empty() && sh.queued.load(Ordering::Relaxed) < sh.room;
             while !few && spins < SPINS && !ready() {
                 spins += 1;
                 std::hint::spin_loop();
