@@ -81,8 +81,9 @@ pub(crate) struct Batch {
     /// filled the batch encoded it with the stream's [`Encoder`]); else as kept and new
     /// frames.
     pub encoded: bool,
-    /// Frames the batch held before it was last cleared.
+    /// Frames and slots the batch held before it was last cleared.
     pub(crate) frames_used: usize,
+    pub(crate) slots_used: usize,
 }
 
 /// In an encoding's length word (see [`Batch::enc`]): the backtrace was cut.
@@ -123,18 +124,20 @@ impl Batch {
         }
     }
 
-    /// A batch with room for `events` events and their frames, so that filling it does
-    /// not grow (copy and fault in) its vectors step by step.
-    pub(crate) fn with_capacity(events: usize) -> Batch {
+    /// A batch with room for `events` events and their frames (a batch ends once it
+    /// holds `most_frames`), so that filling it does not grow (copy and fault in) its
+    /// vectors step by step.
+    pub(crate) fn with_capacity(events: usize, most_frames: usize) -> Batch {
         // (16 new frames an event is plenty but for deep stacks; past `BATCH_FRAMES`,
         // room for the last backtrace's new frames, pages touched only when used, so
         // that batches seldom grow by a copy into new pages (benches/PERFORMANCE.md,
         // "Batch::with_capacity"). The small batches of many streams, each stream holding
-        // one or two, get little room and grow as their frames need.)
+        // one or two, get room for their limit and a short last backtrace past it, rather
+        // than grow to it a quarter at a time.)
         let frames = if events >= BATCH_EVENTS / 4 {
             (events * 16).min(BATCH_FRAMES) + 4096
         } else {
-            events * 4
+            (events * 16).min(most_frames) + SMALL_BATCH_SLACK
         };
         Batch {
             evs: Vec::with_capacity(events),
@@ -147,6 +150,7 @@ impl Batch {
             last: false,
             encoded: false,
             frames_used: 0,
+            slots_used: 0,
         }
     }
 
@@ -164,16 +168,17 @@ impl Batch {
         self.evs.clear();
         // (a share's codewords: a few bytes' room in a batch of frames)
         self.enc.clear_and_zero();
-        // (and the frames' as far as the last fill went: deep stacks fill them all)
-        let n = self.frames_used;
-        self.frames.resize(n, LocationCode(0));
+        // (and the frames' and slots' as far as the last fill went: deep stacks fill them
+        // all; a stream that keeps no slots leaves theirs empty)
+        self.frames.resize(self.frames_used, LocationCode(0));
         self.frames.clear();
-        self.slots.resize(n, 0);
+        self.slots.resize(self.slots_used, 0);
         self.slots.clear();
     }
 
     pub(crate) fn clear(&mut self) {
         self.frames_used = self.frames.len();
+        self.slots_used = self.slots.len();
         self.evs.clear();
         self.wide.clear();
         self.frames.clear();
@@ -207,6 +212,8 @@ pub(crate) const FIRST_BATCH_EVENTS: usize = 64;
 /// A batch ends early once it holds this many frames (deep backtraces), so that deep
 /// stacks do not make every batch's pages many (benches/PERFORMANCE.md, "BATCH_FRAMES").
 pub(crate) const BATCH_FRAMES: usize = 8_192;
+/// A small batch's room for frames past its limit: the last backtrace's new frames.
+const SMALL_BATCH_SLACK: usize = 64;
 
 /// The room one encoding made ahead may take: a packet's, but for its header and the
 /// allocation's fields.

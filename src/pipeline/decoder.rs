@@ -666,7 +666,7 @@ fn fill_next(sh: &Shared, i: usize, s: &mut DecState) -> Batch {
             b.take_back();
             b
         }
-        None => Batch::with_capacity(sh.batch_events),
+        None => Batch::with_capacity(sh.batch_events, sh.batch_frames),
     };
     let n = if s.first {
         FIRST_BATCH_EVENTS.min(sh.batch_events)
