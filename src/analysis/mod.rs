@@ -82,7 +82,8 @@ pub struct AnalysisOptions {
     pub filter: Filter,
     /// Also take each site's live bytes at this time ([`Mode::At`]).
     pub at: Option<TimeSpec>,
-    /// The timeline's step in µs (None: 1 ms, doubled until it has at most 1,024 steps).
+    /// The timeline's step in µs (None: 1 ms, doubled until it has at most 1,024 steps;
+    /// past 1,024 processes, until it has at most 2^20 values, 64 steps at least).
     pub step_us: Option<u64>,
     /// Stops the analysis (it then returns [`Error::Cancelled`]).
     pub cancel: Cancel,

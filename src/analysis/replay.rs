@@ -132,10 +132,23 @@ pub(crate) struct Timeline {
     end: (u64, Vec<u64>),
     /// Where the last step ends (µs since the start).
     row_end: u64,
+    /// The steps kept before they are made twice as long (unless `fixed`).
+    max_steps: usize,
 }
 
 /// The largest number of steps kept before they are made twice as long.
 const MAX_STEPS: usize = 1024;
+/// Values (a step's, per process) kept at most past [`MAX_STEPS`] processes, as fewer
+/// steps: a row per step holds every process's value, and a run of thousands of processes
+/// would otherwise hold more in its timeline than in the rest of the analysis.
+const MAX_VALUES: usize = 1 << 20;
+/// The fewest steps kept, however many processes.
+const MIN_STEPS: usize = 64;
+
+/// The steps a timeline of `processes` keeps before making them twice as long.
+fn max_steps(processes: usize) -> usize {
+    (MAX_VALUES / processes.max(1)).clamp(MIN_STEPS, MAX_STEPS)
+}
 
 impl Timeline {
     /// The heap after the events of microsecond `time` (never before the last one's);
@@ -162,7 +175,7 @@ impl Timeline {
     /// The steps up to the one of `t` (µs since the start), which becomes the last.
     fn new_row(&mut self, t: u64, processes: usize) {
         let mut i = (t / self.step_us) as usize;
-        while !self.fixed && i >= MAX_STEPS {
+        while !self.fixed && i >= self.max_steps.max(MIN_STEPS) {
             self.coarsen();
             i = (t / self.step_us) as usize;
         }
@@ -341,6 +354,7 @@ pub(crate) fn run(
         ));
     }
     let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
+    let max_steps = max_steps(processes.len());
     let mut r = Replay {
         pass: Pass {
             tree: Tree::default(),
@@ -354,6 +368,7 @@ pub(crate) fn run(
                 step_us: opts.step_us.unwrap_or(1000).max(1),
                 fixed: opts.step_us.is_some(),
                 start_us: start,
+                max_steps,
                 ..Timeline::default()
             },
         },
@@ -608,4 +623,54 @@ fn new_peak(live: u64, peak: &mut u64, peak_time: &mut Option<u64>, t: u64) -> b
         *peak_time = Some(t);
     }
     new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same 2,000 ms of heaps recorded for 4 processes and for 4,096: the steps are
+    /// fewer (longer) with more processes, and each row still holds the largest total and
+    /// each process's largest heap of its step, as a replay of every event says.
+    #[test]
+    fn more_processes_make_fewer_longer_steps_with_the_same_maxima() {
+        for (n, steps, step_us) in [(4, 1000, 2000), (4096, 250, 8000)] {
+            assert_eq!(max_steps(n), if n == 4 { MAX_STEPS } else { 256 });
+            let mut tl = Timeline {
+                step_us: 1000,
+                max_steps: max_steps(n),
+                ..Timeline::default()
+            };
+            let mut ps = vec![ProcessState::default(); n];
+            let mut seen = Vec::new();
+            let mut total = 0u64;
+            for k in 0..2000u64 {
+                let p = (k * 7 % n as u64) as usize;
+                let live = (k * 7919) % 1000;
+                total = total - ps[p].live + live;
+                ps[p].live = live;
+                tl.record(k * 1000 + 500, total, &ps, &[p as u32]);
+                seen.push((k * 1000 + 500, total, p, live));
+            }
+            assert_eq!(
+                (tl.rows.len(), tl.step_us),
+                (steps, step_us),
+                "{n} processes"
+            );
+            // (a brute-force replay: each step's largest total, and each process's
+            // largest heap, starting from what the steps before it left)
+            let (mut now, mut now_total) = (vec![0u64; n], 0);
+            for (i, (row_total, row)) in tl.rows.iter().enumerate() {
+                let span = i as u64 * step_us..(i as u64 + 1) * step_us;
+                let (mut want, mut want_total) = (now.clone(), now_total);
+                for &(_, tot, p, live) in seen.iter().filter(|e| span.contains(&e.0)) {
+                    (now[p], now_total) = (live, tot);
+                    want[p] = want[p].max(live);
+                    want_total = want_total.max(tot);
+                }
+                assert_eq!(*row_total, want_total, "{n} processes, step {i}");
+                assert_eq!(row, &want, "{n} processes, step {i}");
+            }
+        }
+    }
 }

@@ -202,8 +202,8 @@ pub struct TimelineArgs {
     /// One JSON object
     #[arg(long)]
     pub json: bool,
-    /// The step in milliseconds (default: 1 ms doubled until there are at most 1,024 steps;
-    /// the text table is coarser, at most 40 rows)
+    /// The step in milliseconds (default: 1 ms doubled until there are at most 1,024 steps,
+    /// fewer past 1,024 processes; the text table is coarser, at most 40 rows)
     #[arg(long, value_name = "MS")]
     pub step: Option<f64>,
 }
