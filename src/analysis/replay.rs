@@ -132,8 +132,6 @@ pub(crate) struct Timeline {
     end: (u64, Vec<u64>),
     /// Where the last step ends (µs since the start).
     row_end: u64,
-    /// The steps kept before they are made twice as long (unless `fixed`).
-    max_steps: usize,
 }
 
 /// The largest number of steps kept before they are made twice as long.
@@ -175,7 +173,8 @@ impl Timeline {
     /// The steps up to the one of `t` (µs since the start), which becomes the last.
     fn new_row(&mut self, t: u64, processes: usize) {
         let mut i = (t / self.step_us) as usize;
-        while !self.fixed && i >= self.max_steps.max(MIN_STEPS) {
+        let most = max_steps(processes);
+        while !self.fixed && i >= most {
             self.coarsen();
             i = (t / self.step_us) as usize;
         }
@@ -354,7 +353,6 @@ pub(crate) fn run(
         ));
     }
     let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
-    let max_steps = max_steps(processes.len());
     let mut r = Replay {
         pass: Pass {
             tree: Tree::default(),
@@ -368,7 +366,6 @@ pub(crate) fn run(
                 step_us: opts.step_us.unwrap_or(1000).max(1),
                 fixed: opts.step_us.is_some(),
                 start_us: start,
-                max_steps,
                 ..Timeline::default()
             },
         },
@@ -638,7 +635,6 @@ mod tests {
             assert_eq!(max_steps(n), if n == 4 { MAX_STEPS } else { 256 });
             let mut tl = Timeline {
                 step_us: 1000,
-                max_steps: max_steps(n),
                 ..Timeline::default()
             };
             let mut ps = vec![ProcessState::default(); n];
