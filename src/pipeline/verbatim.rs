@@ -300,7 +300,8 @@ impl Packets {
         packet.clear();
         packet.extend_from_slice(&head);
         packet.resize(size, 0);
-        if !self.read_all(&mut packet[HEAD..])? && size > HEAD {
+        // (a packet of its head alone reads an empty rest: true)
+        if !self.read_all(&mut packet[HEAD..])? {
             return Err(self.changed());
         }
         let h = PacketHeader::parse(&mut Cursor::new(packet)).map_err(|_| self.changed())?;
