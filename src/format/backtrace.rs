@@ -314,10 +314,10 @@ impl CacheReader {
             }
             let (bucket, tag, n) = codeword(t, c, pred)?;
             if out.len() < len + n + 1 {
-                // (grown by half again, exactly: a reader is kept per input, and a merge
+                // (grown by an eighth, exactly: a reader is kept per input, and a merge
                 // of thousands of inputs holds thousands)
                 let need = len + n + 1;
-                let room = need + need / 2;
+                let room = need + need / 8;
                 out.reserve_exact(room.saturating_sub(out.len()));
                 out.resize(room, LocationCode(0));
                 if S {

@@ -262,9 +262,15 @@ fn alloc_plain(
     bt.frames.truncate(keep);
     let f = s.frame_pos;
     let fresh = &s.batch.frames[f..f + a.new as usize];
-    // (the new frames' hints: their entries in the input's cache)
-    bt.hints.resize(keep, 0);
-    push_slots(&mut bt.hints, &s.batch.slots, f, f + a.new as usize);
+    // (the new frames' hints: their entries in the input's cache; a stream whose reader
+    // keeps none, one of many, holds none)
+    let hinted = !s.batch.slots.is_empty();
+    if hinted {
+        bt.hints.resize(keep, 0);
+        push_slots(&mut bt.hints, &s.batch.slots, f, f + a.new as usize);
+    } else {
+        bt.hints.clear();
+    }
     if s.remap.is_empty() {
         bt.frames.extend_from_slice(fresh);
     } else {
@@ -299,7 +305,11 @@ fn alloc_plain(
         a.source,
         common,
         &bt.frames[common..],
-        &mut bt.hints[common..],
+        if hinted {
+            &mut bt.hints[common..]
+        } else {
+            &mut []
+        },
         |c| codes.meanings.get(&c).cloned(),
     )?;
     if w.stats().cut_backtraces != cut_before {
