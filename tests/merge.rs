@@ -568,7 +568,8 @@ fn encoded_ahead_output_does_not_depend_on_the_decoding_threads() {
 /// (deep stacks, much of them new each time), and never for a thinned input of several
 /// streams (a format-3 trace's domains into one format-2 domain), even when asked for;
 /// tagged processes are encoded ahead (their tag the root of every path), and so are
-/// streams alone in a format-3 domain.
+/// streams alone in a format-3 domain; but not streams whose codes their shares cannot
+/// hold.
 #[test]
 fn encoding_ahead_is_chosen_where_it_pays() {
     let dir = tempfile::tempdir().unwrap();
@@ -618,6 +619,17 @@ fn encoding_ahead_is_chosen_where_it_pays() {
         ..Default::default()
     };
     assert!(merge_and_compare(&[a, b], &tagged).encoded_ahead);
+    // Streams of 3,000 codes each: two have room in halves of the cache, ten not in
+    // tenths (1,638 entries), where they would push each other's codes out.
+    let wide: Vec<PathBuf> = (0..10u64)
+        .map(|k| {
+            let p = dir.path().join(format!("wide{k}.ctf"));
+            write_repeating_wide(&p, 10 + k, 1_000_000 + 7 * k);
+            p
+        })
+        .collect();
+    assert!(merge_and_compare(&wide[..2], &auto).encoded_ahead);
+    assert!(!merge_and_compare(&wide, &auto).encoded_ahead);
 }
 
 /// A thinned input of one stream is encoded ahead: its decoder draws what the merging
@@ -722,12 +734,34 @@ fn a_tagged_process_whose_frames_use_its_tag_code_keeps_both() {
 
 /// A process whose allocations come from a few deep stacks, each used many times running.
 fn write_repeating(path: &Path, pid: u64, start: u64) {
-    let table: HashMap<LocationCode, LocationList> = (0..200u64)
-        .map(|i| {
-            (
-                LocationCode(1000 + i),
-                locs("r.ml", &format!("g{i}"), i as u32 + 1),
-            )
+    let stacks: Vec<Vec<u64>> = (0..8u64)
+        .map(|s| (0..30).map(|d| (s * 31 + d * 7) % 200).collect())
+        .collect();
+    write_stacks(path, pid, start, &stacks, 3000);
+}
+
+/// [`write_repeating`] with 100 stacks of 30 codes of their own (3,000 in all), in 4,000
+/// allocations.
+fn write_repeating_wide(path: &Path, pid: u64, start: u64) {
+    let stacks: Vec<Vec<u64>> = (0..100u64)
+        .map(|s| (0..30).map(|d| s * 30 + d).collect())
+        .collect();
+    write_stacks(path, pid, start, &stacks, 4000);
+}
+
+/// `allocs` allocations from `stacks` (of codes 1000 and up, by their offsets), each
+/// stack used 40 times running, in turn.
+fn write_stacks(path: &Path, pid: u64, start: u64, stacks: &[Vec<u64>], allocs: u64) {
+    let stacks: Vec<Vec<LocationCode>> = stacks
+        .iter()
+        .map(|s| s.iter().map(|&c| LocationCode(1000 + c)).collect())
+        .collect();
+    let table: HashMap<LocationCode, LocationList> = stacks
+        .iter()
+        .flatten()
+        .map(|&c| {
+            let i = c.0 - 1000;
+            (c, locs("r.ml", &format!("g{i}"), i as u32 + 1))
         })
         .collect();
     let f = std::fs::File::create(path).unwrap();
@@ -740,18 +774,11 @@ fn write_repeating(path: &Path, pid: u64, start: u64) {
         },
     )
     .unwrap();
-    let stacks: Vec<Vec<LocationCode>> = (0..8u64)
-        .map(|s| {
-            (0..30)
-                .map(|d| LocationCode(1000 + (s * 31 + d * 7) % 200))
-                .collect()
-        })
-        .collect();
     let mut t = start;
-    for k in 0..3000u64 {
+    for k in 0..allocs {
         t += 50;
         let lookup = |c: LocationCode| table.get(&c).cloned();
-        let bt = &stacks[(k / 40 % 8) as usize];
+        let bt = &stacks[(k / 40) as usize % stacks.len()];
         w.put_alloc(
             &AllocHeader {
                 time: Timestamp(t),

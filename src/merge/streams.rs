@@ -1,6 +1,7 @@
 //! The streams of a merge (an input, or a domain of one) and how each is encoded: in its
 //! output domain's cache by the merging thread, or ahead in a share of it.
 
+use crate::format::backtrace::CACHE_SIZE;
 use crate::format::buf::WriteBuf;
 use crate::format::event::{DomainId, LocationCode};
 use crate::format::location::IntMap;
@@ -11,33 +12,67 @@ use crate::reader::Reader;
 /// this many (a share of 1,000 entries still holds a stream's working set of codes).
 pub(super) const MAX_SHARES: usize = 16;
 
+/// Allocations of each stream whose backtraces say whether encoding ahead pays.
+const JUDGED_ALLOCS: usize = 64;
+
+/// Allocations of each stream read for the codes it uses: most streams have named nearly
+/// all of theirs by then.
+const WORKING_SET_ALLOCS: usize = 4096;
+
 /// Whether encoding ahead pays for these streams: when, in their first 64 allocations, the
 /// frames of a backtrace are at least 4 times the frames new since the stream's previous
-/// one. Taking turns, each allocation is encoded after another stream's, sharing little
-/// with it: the merging thread would encode most frames again, each time. Ahead, a
-/// stream's decoder encodes its new frames, and counts the rest, as its input did.
+/// one, and each stream's codes (those defined in its first 4,096 allocations) are at most
+/// 1.5 times the entries of its share. Taking turns, each allocation is encoded after
+/// another stream's, sharing little with it: the merging thread would encode most frames
+/// again, each time. Ahead, a stream's decoder encodes its new frames, and counts the
+/// rest, as its input did; but in a share much smaller than its codes they push each
+/// other out and are sent whole again and again: the output grows by a third or more, for
+/// no gain in time (benches/PERFORMANCE.md, "Encoding ahead: shares too small").
 pub(super) fn ahead_pays(specs: &[StreamSpec], members: &[usize]) -> bool {
+    use crate::format::event::Event;
     let (mut frames, mut new) = (0u64, 0u64);
+    let mut readers = Vec::with_capacity(members.len());
     for &j in members {
         let Ok(mut r) = Reader::open(&specs[j].path) else {
             return false;
         };
         r.set_domain_filter(specs[j].domain);
-        let mut allocs = 0;
-        while allocs < 64 {
-            match r.next_event() {
-                Ok(Some(crate::format::event::Event::Alloc(a))) => {
+        let (mut allocs, mut codes) = (0, 0);
+        while allocs < JUDGED_ALLOCS {
+            match r.next_full() {
+                Ok(Some((Event::Alloc(a), _, defined))) => {
                     let n = a.backtrace.len() as u64;
                     frames += n;
                     new += n - a.common_prefix.min(n);
                     allocs += 1;
+                    codes += defined.len();
                 }
-                Ok(Some(_)) => {}
+                Ok(Some((_, _, defined))) => codes += defined.len(),
                 _ => break,
             }
         }
+        readers.push((r, allocs, codes));
     }
-    frames > 0 && frames >= 4 * new
+    if frames == 0 || frames < 4 * new {
+        return false;
+    }
+    // (the rest of the allocations read only for their codes, defined by location events:
+    // their backtraces are not decoded)
+    let share = (CACHE_SIZE - 1) / members.len().max(1);
+    let room = share + share / 2;
+    readers.into_iter().all(|(mut r, mut allocs, mut codes)| {
+        r.set_parse_backtraces(false);
+        while codes <= room && allocs < WORKING_SET_ALLOCS {
+            match r.next_full() {
+                Ok(Some((e, _, defined))) => {
+                    codes += defined.len();
+                    allocs += matches!(e, Event::Alloc(_)) as usize;
+                }
+                _ => break,
+            }
+        }
+        codes <= room
+    })
 }
 
 /// The codes an encoding in a share sent whole (each at its offset in `buf`), in merged
