@@ -1,7 +1,7 @@
 //! Filling a batch from a reader: each event narrowed into the batch's format and, for a
 //! stream encoded ahead, its backtrace encoded in the stream's share of the output cache.
 
-use super::batch::{Batch, Ev, Timed, CUT, ENCODING_ROOM, WIDE_LENGTH, WIDE_SAMPLES};
+use super::batch::{Batch, Ev, Timed, BATCH_FRAMES, CUT, ENCODING_ROOM, WIDE_LENGTH, WIDE_SAMPLES};
 use crate::format::backtrace::CacheWriter;
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::LocationList;
@@ -316,6 +316,26 @@ impl EventSink for Filler<'_> {
     #[inline]
     fn full(&self) -> bool {
         self.b.frames.len() >= self.most_frames || self.b.enc.len() >= 8 * self.most_frames
+    }
+
+    /// (the small batches of many streams: their frames are not grown for a deep
+    /// backtrace that does not fit them, the batch ends before it. Grown, a batch kept
+    /// for reuse stays as large, and with thousands of streams every batch would in time
+    /// be as large as the largest.)
+    #[inline]
+    fn cramped(&self) -> bool {
+        self.enc.is_none() && self.most_frames < BATCH_FRAMES
+    }
+
+    #[inline]
+    fn room_for(&self, common_prefix: u64, len: usize) -> bool {
+        let f = &self.b.frames;
+        let keep = if *self.bt_valid {
+            (common_prefix as usize).min(len)
+        } else {
+            0
+        };
+        self.b.evs.is_empty() || f.capacity() - f.len() >= len - keep
     }
 }
 

@@ -34,6 +34,21 @@ pub trait EventSink {
     fn full(&self) -> bool {
         false
     }
+    /// Whether [`EventSink::room_for`] may say no: asked once by each call of
+    /// [`crate::Reader::read_events`]. (A sink's answer must not change while the reader
+    /// holds an allocation back for it.)
+    fn cramped(&self) -> bool {
+        false
+    }
+    /// Asked by [`crate::Reader::read_events`] of a [`EventSink::cramped`] sink before an
+    /// allocation (whose backtrace of `len` frames shares `common_prefix` with the
+    /// previous one) is handed over: false ends the batch before it, and the next call
+    /// hands it over first. A sink that holds a batch in vectors of a fixed room ends it
+    /// rather than grow them.
+    fn room_for(&self, common_prefix: u64, len: usize) -> bool {
+        let _ = (common_prefix, len);
+        true
+    }
     /// Whether [`EventSink::alloc`] looks at the frames. A sink that does not (it counts,
     /// or follows objects) may say so to [`crate::Reader::read_clean`], which then checks
     /// every backtrace as it reads (the cache run, each frame's entry known filled) but

@@ -113,6 +113,9 @@ pub struct Reader<R> {
     warned_promote_ahead: bool,
     in_packet: bool,
     done: bool,
+    /// An allocation read but held back by [`Reader::read_events`]'s sink (no room), its
+    /// backtrace still the cache's last: handed over first by the next call.
+    held: Option<Pending>,
     warnings: Vec<Warning>,
     warnings_dropped: u64,
     stats: ReadStats,
@@ -184,6 +187,7 @@ impl<R: Read> Reader<R> {
             warned_promote_ahead: false,
             in_packet: false,
             done: false,
+            held: None,
             warnings: Vec::new(),
             warnings_dropped: 0,
             stats: ReadStats::default(),
@@ -340,7 +344,31 @@ impl<R: Read> Reader<R> {
     /// of [`Reader::next_full`], for consumers that copy what they need. Ok(false) once the
     /// trace has ended.
     pub fn read_events(&mut self, sink: &mut impl EventSink, max: usize) -> Result<bool> {
+        match sink.cramped() {
+            true => self.read_events_in::<true>(sink, max),
+            false => self.read_events_in::<false>(sink, max),
+        }
+    }
+
+    /// [`Reader::read_events`], asking [`EventSink::room_for`] before each allocation
+    /// when `CRAMPED`.
+    #[inline(always)]
+    fn read_events_in<const CRAMPED: bool>(
+        &mut self,
+        sink: &mut impl EventSink,
+        max: usize,
+    ) -> Result<bool> {
         let mut n = 0;
+        if CRAMPED {
+            if let Some(p) = self.held.take() {
+                let (bt, slots) = self.last_backtrace();
+                p.give(sink, bt, slots);
+                n += 1;
+                if sink.full() {
+                    return Ok(true);
+                }
+            }
+        }
         if self.done {
             return Ok(false);
         }
@@ -367,6 +395,12 @@ impl<R: Read> Reader<R> {
                 Pending::Collect { .. } => self.stats.collects += 1,
             }
             let (bt, slots) = self.last_backtrace();
+            if let (true, Pending::Alloc { common_prefix, .. }) = (CRAMPED, p) {
+                if !sink.room_for(common_prefix, bt.len()) {
+                    self.held = Some(p);
+                    break;
+                }
+            }
             p.give(sink, bt, slots);
             if alloc && sink.full() {
                 break;
