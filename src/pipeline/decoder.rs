@@ -261,8 +261,8 @@ const QUEUED: usize = 256;
 /// Past [`QUEUED`] streams, batches queued in all, at most: streams that run in step run
 /// dry together, and with room for too few of them the merging thread fills most of their
 /// batches itself while the decoding thread waits for room (benches/PERFORMANCE.md, "Many
-/// inputs: room for more batches").
-const MANY_QUEUED: usize = 1024;
+/// inputs: room for more batches" and "batches that do not grow").
+const MANY_QUEUED: usize = 4096;
 /// Frames in the batches of all streams, past which each stream's are fewer.
 const FRAMES_QUEUED: usize = 1 << 19;
 /// Streams up to which the decoders give the merging thread each frame's cache entry in
