@@ -265,6 +265,10 @@ const QUEUED: usize = 256;
 const MANY_QUEUED: usize = 4096;
 /// Frames in the batches of all streams, past which each stream's are fewer.
 const FRAMES_QUEUED: usize = 1 << 19;
+/// A batch's frame limit with thousands of streams, at least: with fewer frames a batch,
+/// the threads hand over batches more often than the memory saved is worth
+/// (benches/PERFORMANCE.md, "batches that do not grow").
+const MIN_BATCH_FRAMES: usize = 512;
 /// Streams up to which the decoders give the merging thread each frame's cache entry in
 /// its input (a hint, two bytes a frame), past which they are left out to save memory.
 const HINTED_STREAMS: usize = 256;
@@ -345,7 +349,7 @@ impl Decoder {
             bytes_read: AtomicU64::new(0),
             states: (0..streams.len()).map(|_| Mutex::new(None)).collect(),
             batch_events: (131_072 / nstreams).clamp(32, most_events),
-            batch_frames: (FRAMES_QUEUED / nstreams).clamp(256, BATCH_FRAMES),
+            batch_frames: (FRAMES_QUEUED / nstreams).clamp(MIN_BATCH_FRAMES, BATCH_FRAMES),
             hints: nstreams <= HINTED_STREAMS,
             locations: (nstreams > 1).then(Default::default),
             windows: nstreams > BUFFERED_STREAMS,
