@@ -318,13 +318,13 @@ impl EventSink for Filler<'_> {
         self.b.frames.len() >= self.most_frames || self.b.enc.len() >= 8 * self.most_frames
     }
 
-    /// (the small batches of many streams: their frames are not grown for a deep
-    /// backtrace that does not fit them, the batch ends before it. Grown, a batch kept
-    /// for reuse stays as large, and with thousands of streams every batch would in time
-    /// be as large as the largest.)
+    /// (the small batches of many streams, without the slack of the large ones: their
+    /// frames are not grown for a deep backtrace that does not fit them, the batch ends
+    /// before it. Grown, a batch kept for reuse stays as large, and with thousands of
+    /// streams every batch would in time be as large as the largest.)
     #[inline]
     fn cramped(&self) -> bool {
-        self.enc.is_none() && self.most_frames < BATCH_FRAMES
+        self.enc.is_none() && self.b.frames.capacity() < BATCH_FRAMES
     }
 
     #[inline]
