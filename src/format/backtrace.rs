@@ -325,9 +325,9 @@ impl CacheReader {
                     entries.resize(room, 0);
                 }
             }
-            let slots = &mut out[len..=len + n];
+            let slots = &mut out[len..len + n + 1];
             let ents: &mut [u16] = if S {
-                &mut entries[len..=len + n]
+                &mut entries[len..len + n + 1]
             } else {
                 &mut []
             };

@@ -29,7 +29,7 @@ impl<'a> Cursor<'a> {
     pub fn remaining(&self) -> usize {
         self.data.len() - self.pos
     }
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
         if self.remaining() < n {
             return Err(Malformed::Truncated {
@@ -41,7 +41,7 @@ impl<'a> Cursor<'a> {
         self.pos += n;
         Ok(s)
     }
-    #[inline]
+    #[inline(always)]
     pub fn u8(&mut self) -> Result<u8, Malformed> {
         match self.data.get(self.pos) {
             Some(&b) => {
@@ -54,15 +54,15 @@ impl<'a> Cursor<'a> {
             }),
         }
     }
-    #[inline]
+    #[inline(always)]
     pub fn u16(&mut self) -> Result<u16, Malformed> {
         Ok(LittleEndian::read_u16(self.take(2)?))
     }
-    #[inline]
+    #[inline(always)]
     pub fn u32(&mut self) -> Result<u32, Malformed> {
         Ok(LittleEndian::read_u32(self.take(4)?))
     }
-    #[inline]
+    #[inline(always)]
     pub fn u64(&mut self) -> Result<u64, Malformed> {
         Ok(LittleEndian::read_u64(self.take(8)?))
     }
