@@ -203,19 +203,21 @@ fn an_allocation_held_back_comes_first_next_time() {
     let mut held = 0;
     for p in traces() {
         let bytes = std::fs::read(&p).unwrap();
-        let (got, n) = read_cramped(&bytes, None, None, Some(64));
-        same(
-            &got,
-            &read(&bytes, None, None),
-            &format!("{} held back", p.display()),
-        );
-        held += n;
+        let whole = read(&bytes, None, None);
+        // (and through a window, as the readers of many streams read)
+        for window in [None, Some(4096)] {
+            let (got, n) = read_cramped(&bytes, window, None, Some(64));
+            let what = format!("{} held back, window {window:?}", p.display());
+            same(&got, &whole, &what);
+            held += n;
+        }
     }
     assert!(held > 100, "allocations held back: {held}");
 }
 
 /// Damaged copies: cut short anywhere, or a byte changed (the window then meets events
-/// whose fields lie, and files shorter than their packets say).
+/// whose fields lie, and files shorter than their packets say), also into a sink that
+/// holds allocations back.
 #[test]
 fn a_window_reads_damaged_traces_alike() {
     let bytes = std::fs::read(
@@ -234,11 +236,11 @@ fn a_window_reads_damaged_traces_alike() {
             let at = (x as usize >> 8) % b.len();
             b[at] ^= (x as u8) | 1;
         }
-        same(
-            &read(&b, Some(512), None),
-            &read(&b, None, None),
-            &format!("copy {k}"),
-        );
+        let whole = read(&b, None, None);
+        same(&read(&b, Some(512), None), &whole, &format!("copy {k}"));
+        // (a sink that holds allocations back meets the damage alike)
+        let (held, _) = read_cramped(&b, Some(512), None, Some(64));
+        same(&held, &whole, &format!("copy {k}, held back"));
     }
 }
 
