@@ -35,8 +35,7 @@ pub trait EventSink {
         false
     }
     /// Whether [`EventSink::room_for`] may say no: asked once by each call of
-    /// [`crate::Reader::read_events`]. (A sink's answer must not change while the reader
-    /// holds an allocation back for it.)
+    /// [`crate::Reader::read_events`].
     fn cramped(&self) -> bool {
         false
     }

@@ -72,16 +72,18 @@ impl EventSink for Record {
 }
 
 fn read(bytes: &[u8], window: Option<usize>, domain: Option<u16>) -> Vec<String> {
-    read_cramped(bytes, window, domain, None).0
+    read_cramped(bytes, window, domain, None, false).0
 }
 
-/// [`read`], into a sink with room for `room` frames a batch (when given); and how many
-/// batches it ended early, holding an allocation back.
+/// [`read`], into a sink with room for `room` frames a batch (when given; every third
+/// batch without a room when `now_and_then`); and how many batches it ended early,
+/// holding an allocation back.
 fn read_cramped(
     bytes: &[u8],
     window: Option<usize>,
     domain: Option<u16>,
     room: Option<usize>,
+    now_and_then: bool,
 ) -> (Vec<String>, usize) {
     let r = match window {
         Some(w) => Reader::windowed(bytes, "t", w, bytes.len() as u64, Default::default()),
@@ -93,12 +95,15 @@ fn read_cramped(
     };
     r.set_domain_filter(domain);
     let mut rec = Record::default();
-    let mut held = 0;
+    let (mut held, mut calls) = (0, 0);
     let end = loop {
-        rec.2 = room.map(|room| Cramp {
-            room,
-            ..Default::default()
-        });
+        calls += 1;
+        rec.2 = room
+            .filter(|_| !now_and_then || calls % 3 != 0)
+            .map(|room| Cramp {
+                room,
+                ..Default::default()
+            });
         let more = r.read_events(&mut rec, 7);
         // (a batch the sink ended before its 7 events held one back)
         held += matches!((&more, &rec.2), (Ok(true), Some(c)) if c.events < 7) as usize;
@@ -204,9 +209,10 @@ fn an_allocation_held_back_comes_first_next_time() {
     for p in traces() {
         let bytes = std::fs::read(&p).unwrap();
         let whole = read(&bytes, None, None);
-        // (and through a window, as the readers of many streams read)
-        for window in [None, Some(4096)] {
-            let (got, n) = read_cramped(&bytes, window, None, Some(64));
+        // (and through a window, as the readers of many streams read; and into a sink
+        // that is not always cramped: one without a room takes what was held back too)
+        for (window, now_and_then) in [(None, false), (Some(4096), false), (None, true)] {
+            let (got, n) = read_cramped(&bytes, window, None, Some(64), now_and_then);
             let what = format!("{} held back, window {window:?}", p.display());
             same(&got, &whole, &what);
             held += n;
@@ -239,7 +245,7 @@ fn a_window_reads_damaged_traces_alike() {
         let whole = read(&b, None, None);
         same(&read(&b, Some(512), None), &whole, &format!("copy {k}"));
         // (a sink that holds allocations back meets the damage alike)
-        let (held, _) = read_cramped(&b, Some(512), None, Some(64));
+        let (held, _) = read_cramped(&b, Some(512), None, Some(64), false);
         same(&held, &whole, &format!("copy {k}, held back"));
     }
 }
