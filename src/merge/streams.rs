@@ -9,7 +9,8 @@ use crate::pipeline::decoder::{Batch, StreamSpec, WIDE_LENGTH, WIDE_SAMPLES};
 use crate::reader::Reader;
 
 /// Streams of one output domain encoded ahead, each in its share of the cache: at most
-/// this many (a share of 1,000 entries still holds a stream's working set of codes).
+/// this many (shares of fewer than 1,000 entries would hold few streams' codes; whether
+/// these streams' codes fit their shares, [`ahead_pays`] reads).
 pub(super) const MAX_SHARES: usize = 16;
 
 /// Allocations of each stream whose backtraces say whether encoding ahead pays.

@@ -191,6 +191,16 @@ struct Filler<'a> {
 }
 
 impl Filler<'_> {
+    /// The frames an allocation of `len` keeps of the stream's previous backtrace: none
+    /// when that one was not taken in whole.
+    #[inline(always)]
+    fn kept(&self, common_prefix: u64, len: usize) -> usize {
+        match *self.bt_valid {
+            true => (common_prefix as usize).min(len),
+            false => 0,
+        }
+    }
+
     /// Add an allocation to the batch (`keep` and `new` as [`Ev::Alloc`] says).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
@@ -254,11 +264,7 @@ impl EventSink for Filler<'_> {
         slots: &[u16],
     ) {
         let valid = *self.bt_valid;
-        let keep = if valid {
-            (common_prefix as usize).min(backtrace.len())
-        } else {
-            0
-        };
+        let keep = self.kept(common_prefix, backtrace.len());
         *self.bt_valid = true;
         // (in a stream encoded ahead: codewords and frames encoded, else kept and new frames)
         let (first, second) = if let Some(e) = &mut self.enc {
@@ -330,12 +336,7 @@ impl EventSink for Filler<'_> {
     #[inline]
     fn room_for(&self, common_prefix: u64, len: usize) -> bool {
         let f = &self.b.frames;
-        let keep = if *self.bt_valid {
-            (common_prefix as usize).min(len)
-        } else {
-            0
-        };
-        self.b.evs.is_empty() || f.capacity() - f.len() >= len - keep
+        self.b.evs.is_empty() || f.capacity() - f.len() >= len - self.kept(common_prefix, len)
     }
 }
 
