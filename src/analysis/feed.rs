@@ -145,12 +145,36 @@ struct Decoding {
     last: Option<(u64, u32, u32)>,
 }
 
+impl Decoding {
+    /// Stream `stream` of an analysis, to be read from its start.
+    fn new(stream: u32, s: StreamSpec, backtraces: Arc<Mutex<Backtraces>>) -> Decoding {
+        Decoding {
+            stream,
+            process: s.process,
+            domain: s.domain,
+            reader: Some(s.reader),
+            counting: s.counting,
+            bytes_of: s.bytes_of,
+            path: Path::default(),
+            backtraces,
+            cells: StreamCells::default(),
+            by_key: CellTable::default(),
+            table: LocationTable::default(),
+            allocated: Vec::new(),
+            last: None,
+        }
+    }
+}
+
 /// Hands a stream's events to a batch, its backtraces interned in the tree.
 struct Sink<'a> {
     s: &'a mut Decoding,
     ids: &'a mut Ids,
     new: &'a mut NewCells,
     out: &'a mut Vec<Ev>,
+    /// Frames past the common prefixes taken in so far, and at most (then the batch ends).
+    frames: usize,
+    max_frames: usize,
 }
 
 impl EventSink for Sink<'_> {
@@ -169,6 +193,7 @@ impl EventSink for Sink<'_> {
         _slots: &[u16],
     ) {
         let s = &mut *self.s;
+        self.frames += backtrace.len().saturating_sub(common_prefix as usize);
         // (every backtrace is taken in: the next one's common prefix is with this one)
         let fp = s.path.fingerprint(common_prefix as usize, backtrace);
         let c = s.counting;
@@ -225,6 +250,9 @@ impl EventSink for Sink<'_> {
             nsamples: nsamples.min(u64::from(u32::MAX) - 1) as u32,
         });
     }
+    fn full(&self) -> bool {
+        self.frames >= self.max_frames
+    }
     fn promote(&mut self, _time: u64, _id: u64) {}
     fn collect(&mut self, time: u64, id: u64) {
         self.out.push(Ev {
@@ -245,13 +273,14 @@ struct Batch {
     end: bool,
 }
 
-/// Read up to `max` events of `s` into `out` (a damaged stream ends with a warning).
+/// Read up to `limit.events` events of `s` into `out`, ending after the allocation that
+/// brings the frames taken in to `limit.frames` (a damaged stream ends with a warning).
 fn decode(
     s: &mut Decoding,
     ids: &mut Ids,
     new: &mut NewCells,
     mut out: Vec<Ev>,
-    max: usize,
+    limit: BatchLimit,
 ) -> Batch {
     out.clear();
     let Some(mut r) = s.reader.take() else {
@@ -267,8 +296,10 @@ fn decode(
             ids,
             new,
             out: &mut out,
+            frames: 0,
+            max_frames: limit.frames,
         },
-        max,
+        limit.events,
     );
     s.cells.intern_new(new, &s.backtraces);
     let mut warnings: Vec<(u32, String)> = (r.take_warnings().into_iter())
@@ -300,6 +331,17 @@ fn decode(
         warnings,
         end,
     }
+}
+
+/// How much of a stream one batch takes at most.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchLimit {
+    pub(crate) events: usize,
+    /// Frames past the common prefixes: what fingerprinting and interning a batch cost
+    /// grows with them. A stream of deep backtraces (a `List.map` thousands of frames deep
+    /// after shallow allocations) made batches of milliseconds, which the pass waited for
+    /// while the other thread, its streams decoded ahead, had nothing to do.
+    pub(crate) frames: usize,
 }
 
 /// Batches decoded ahead of the one being replayed, a stream, at most: enough that the
@@ -453,7 +495,7 @@ pub(crate) struct Feed {
     /// Where the decoding threads run: off the pass's CPU.
     placement: Arc<Placement>,
     queues: Vec<Queue>,
-    batch: usize,
+    batch: BatchLimit,
     processes: usize,
     /// Damage met so far: (process, warning).
     pub(crate) warnings: Vec<(u32, String)>,
@@ -465,7 +507,7 @@ fn decoder(
     jobs: Arc<Jobs>,
     out: Sender<Option<Done>>,
     mut ids: Ids,
-    batch: usize,
+    batch: BatchLimit,
     placement: Arc<Placement>,
 ) {
     // (kept off the pass's CPU, as a merge keeps its decoding threads off its merging
@@ -488,7 +530,11 @@ impl Feed {
     /// Start decoding `streams` (of `processes` inputs), up to `batch` events a stream at a
     /// time, on as many threads as there are processors but one (the pass's), at least
     /// one and four at most.
-    pub(crate) fn start(processes: usize, streams: Vec<StreamSpec>, batch: usize) -> Result<Feed> {
+    pub(crate) fn start(
+        processes: usize,
+        streams: Vec<StreamSpec>,
+        batch: BatchLimit,
+    ) -> Result<Feed> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = (cores - 1).clamp(1, 4).min(streams.len().max(1));
         let cell_ids = Arc::new(AtomicU32::new(0));
@@ -525,21 +571,7 @@ impl Feed {
                 ready: Vec::new(),
                 pos: 0,
                 next: VecDeque::new(),
-                home: Some(Box::new(Decoding {
-                    stream: i as u32,
-                    process: s.process,
-                    domain: s.domain,
-                    reader: Some(s.reader),
-                    counting: s.counting,
-                    bytes_of: s.bytes_of,
-                    path: Path::default(),
-                    backtraces: backtraces.clone(),
-                    cells: StreamCells::default(),
-                    by_key: CellTable::default(),
-                    table: LocationTable::default(),
-                    allocated: Vec::new(),
-                    last: None,
-                })),
+                home: Some(Box::new(Decoding::new(i as u32, s, backtraces.clone()))),
                 decoded: false,
                 spare: Vec::new(),
             });
@@ -569,7 +601,7 @@ impl Feed {
             let buf = q
                 .spare
                 .pop()
-                .unwrap_or_else(|| Vec::with_capacity(self.batch));
+                .unwrap_or_else(|| Vec::with_capacity(self.batch.events));
             // (when the pass will have replayed what is decoded of it)
             let decoded = q.next.back().map_or(&q.ready, |b| &b.events);
             let due = decoded.last().map_or(0, |e| e.time);
@@ -676,5 +708,66 @@ impl Feed {
         let backtraces = std::mem::take(&mut *lock(&self.backtraces));
         let (tree, ids) = Tree::join(backtraces, streams, self.processes);
         Ok((tree, allocated, ids))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::Filter;
+    use std::path::PathBuf;
+
+    /// An event as the pass gets it: time, object id, cell, samples.
+    type Got = (u64, u64, u32, u32);
+
+    /// A stream's events, and the length of each batch.
+    fn batches(path: &std::path::Path, limit: BatchLimit) -> (Vec<Got>, Vec<usize>) {
+        let names = [path.to_path_buf()];
+        let (_, mut streams) =
+            super::super::replay::open(&names, &names, &Filter::default()).expect("opens");
+        let mut s = Decoding::new(0, streams.remove(0), Arc::default());
+        let mut ids = Ids::new(Arc::default());
+        let mut new = NewCells::default();
+        let (mut events, mut sizes) = (Vec::new(), Vec::new());
+        loop {
+            let b = decode(&mut s, &mut ids, &mut new, Vec::new(), limit);
+            assert!(b.warnings.is_empty(), "{:?}", b.warnings);
+            events.extend(b.events.iter().map(|e| (e.time, e.id, e.cell, e.nsamples)));
+            sizes.push(b.events.len());
+            if b.end {
+                return (events, sizes);
+            }
+        }
+    }
+
+    /// `child-1.ctf` interleaves shallow allocations with ones thousands of frames deep:
+    /// bounded by frames, its batches end early, and hand over the same events (cells
+    /// numbered alike) as batches bounded by events alone.
+    #[test]
+    fn a_batch_ends_at_its_frames_with_nothing_lost() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork/child-1.ctf");
+        let events = 8192;
+        let (whole, sizes) = batches(
+            &path,
+            BatchLimit {
+                events,
+                frames: usize::MAX,
+            },
+        );
+        let (cut, cut_sizes) = batches(
+            &path,
+            BatchLimit {
+                events,
+                frames: 1 << 15,
+            },
+        );
+        assert!(
+            cut_sizes.len() > 4 * sizes.len(),
+            "{} batches by frames, {} by events",
+            cut_sizes.len(),
+            sizes.len()
+        );
+        assert_eq!(cut.len(), whole.len());
+        assert!(cut == whole, "the events differ");
     }
 }

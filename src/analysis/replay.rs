@@ -2,7 +2,7 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{Allocated, BytesOf, Counting, Ev, Feed, StreamSpec, COLLECT};
+use super::feed::{Allocated, BatchLimit, BytesOf, Counting, Ev, Feed, StreamSpec, COLLECT};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -20,6 +20,10 @@ use std::sync::Arc;
 /// Events decoded from a stream at a time, at most (fewer when there are many streams, so
 /// that the batches in flight, two a stream, stay within a few MiB).
 const BATCH: usize = 8192;
+
+/// Frames past the common prefixes a batch takes in, at most (and one allocation's more):
+/// a batch's cost follows its frames more than its events.
+const BATCH_FRAMES: usize = 1 << 15;
 
 /// What the pass learns of one process (input).
 #[derive(Clone, Debug, Default)]
@@ -216,7 +220,7 @@ pub(crate) struct Pass {
 }
 
 /// Open each input's streams (one a domain), skipping what the filter leaves out.
-fn open(
+pub(super) fn open(
     names: &[PathBuf],
     sources: &[PathBuf],
     filter: &Filter,
@@ -385,7 +389,10 @@ pub(crate) fn run(
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
     let nstreams = streams.len();
-    let batch = ((1 << 18) / nstreams.max(1)).clamp(64, BATCH);
+    let batch = BatchLimit {
+        events: ((1 << 18) / nstreams.max(1)).clamp(64, BATCH),
+        frames: BATCH_FRAMES,
+    };
     let mut feed = Feed::start(r.pass.processes.len(), streams, batch)?;
     r.replay(&mut feed, cancel)?;
     for (p, w) in std::mem::take(&mut feed.warnings) {
