@@ -681,8 +681,9 @@ impl Feed {
     }
 
     /// Stop decoding; the tree, with every backtrace met and every cell ([`Tree::join`]),
-    /// what each cell allocated and the id it had, in the tree's order of cells.
-    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Allocated>, Vec<u32>)> {
+    /// what each cell allocated (stream by stream) and the id it had, in the tree's order
+    /// of cells.
+    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Vec<Allocated>>, Vec<u32>)> {
         let mut states: Vec<Box<Decoding>> =
             (self.jobs.close().into_iter()).map(|j| j.state).collect();
         if self.stop() {
@@ -698,11 +699,13 @@ impl Feed {
             ));
         }
         states.sort_by_key(|s| s.stream);
-        let mut allocated = Vec::new();
+        // (each stream's figures as they are: joined into one vector, they were copied
+        // at the end of the pass, into memory first touched then)
+        let mut allocated = Vec::with_capacity(states.len());
         let mut streams = Vec::with_capacity(states.len());
         for s in states {
             let s = *s;
-            allocated.extend_from_slice(&s.allocated);
+            allocated.push(s.allocated);
             streams.push((s.cells, s.process, s.table));
         }
         let backtraces = std::mem::take(&mut *lock(&self.backtraces));

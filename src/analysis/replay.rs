@@ -407,8 +407,9 @@ pub(crate) fn run(
     // (the pass knew cells by the ids the threads handed out as they met them; the tree
     // lists them in an order that does not depend on the threads)
     let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
-    r.pass.cells = (allocated.into_iter().zip(ids))
-        .map(|(allocated, id)| {
+    let mut cells = Vec::with_capacity(ids.len());
+    cells.extend(
+        (allocated.into_iter().flatten().zip(ids)).map(|(allocated, id)| {
             let id = id as usize;
             NodeStats {
                 allocated,
@@ -417,8 +418,9 @@ pub(crate) fn run(
                 at_own_peak: get(&r.at_own_peak, id),
                 at_time: r.at_time.as_deref().map_or(0, |v| get(v, id)),
             }
-        })
-        .collect();
+        }),
+    );
+    r.pass.cells = cells;
     Ok(r.pass)
 }
 
