@@ -338,9 +338,9 @@ fn decode(
 pub(crate) struct BatchLimit {
     pub(crate) events: usize,
     /// Frames past the common prefixes: what fingerprinting and interning a batch cost
-    /// grows with them. A stream of deep backtraces (a `List.map` thousands of frames deep
-    /// after shallow allocations) made batches of milliseconds, which the pass waited for
-    /// while the other thread, its streams decoded ahead, had nothing to do.
+    /// grows with them. A stream of deep backtraces (recursions thousands of frames deep
+    /// between shallow allocations) made batches of milliseconds, which the pass waited
+    /// for while the other thread, its streams decoded ahead, had nothing to do.
     pub(crate) frames: usize,
 }
 
@@ -527,8 +527,8 @@ fn decoder(
 }
 
 impl Feed {
-    /// Start decoding `streams` (of `processes` inputs), up to `batch` events a stream at a
-    /// time, on as many threads as there are processors but one (the pass's), at least
+    /// Start decoding `streams` (of `processes` inputs), a stream at a time up to `batch`'s
+    /// events and frames, on as many threads as there are processors but one (the pass's), at least
     /// one and four at most.
     pub(crate) fn start(
         processes: usize,
