@@ -110,6 +110,11 @@ pub(crate) struct Path {
 /// meets thousands of backtraces: not all of them held).
 const NEW_FRAMES: usize = 4096;
 
+/// Frames of a backtrace from which its new cell is interned at once, under the tree's
+/// lock, rather than copied with its fingerprints to be interned with the batch's others:
+/// copying the thousands of frames of deep recursions cost more than the lock.
+const DIRECT_FRAMES: usize = 512;
+
 /// Cell ids a thread takes at a time.
 const ID_BLOCK: u32 = 256;
 
@@ -247,6 +252,11 @@ impl StreamCells {
             source,
         });
         self.numbers.push(id);
+        if backtrace.len() >= DIRECT_FRAMES {
+            let mut t = backtraces.lock().unwrap_or_else(|e| e.into_inner());
+            self.cells[local as usize].node = t.intern(&path.fps[..=backtrace.len()], backtrace);
+            return (id, local);
+        }
         new.cells.push((local, new.frames.len() as u32));
         new.frames.extend_from_slice(backtrace);
         new.fps.extend_from_slice(&path.fps[..=backtrace.len()]);
@@ -475,6 +485,9 @@ mod tests {
             codes(&[1, 7, 3, 3]),
             codes(&[1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]),
             codes(&[]),
+            // (deep enough to be interned at once, past a prefix met before)
+            [codes(&[1, 2]), codes(&[5; DIRECT_FRAMES])].concat(),
+            [codes(&[1, 2]), codes(&[5; DIRECT_FRAMES + 3]), codes(&[6])].concat(),
         ];
         let mut ids = Ids::new(Arc::new(AtomicU32::new(0)));
         let mut cells = StreamCells::default();
