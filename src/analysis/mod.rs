@@ -302,7 +302,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
 impl Analysis {
     /// Each process, in the inputs' order.
     pub fn processes(&self) -> Vec<ProcessSummary> {
-        let mut out: Vec<ProcessSummary> = (self.pass.processes.iter())
+        (self.pass.processes.iter())
             .map(|p| ProcessSummary {
                 file: p.file.clone(),
                 pid: p.pid,
@@ -316,17 +316,13 @@ impl Analysis {
                 end_bytes: p.live,
                 last_time_us: p.last_time,
                 warnings: p.warnings.clone(),
+                allocations: p.allocated.allocations,
+                samples: p.allocated.samples,
+                allocated_bytes: p.allocated.bytes,
+                allocated_objects: p.allocated.objects,
                 ..ProcessSummary::default()
             })
-            .collect();
-        for (i, n) in self.pass.cells.iter().enumerate() {
-            let p = &mut out[self.process_of(i) as usize];
-            p.allocations += n.allocated.allocations;
-            p.samples += n.allocated.samples;
-            p.allocated_bytes += n.allocated.bytes;
-            p.allocated_objects += n.allocated.objects;
-        }
-        out
+            .collect()
     }
 
     /// The whole run, as one process.

@@ -42,6 +42,8 @@ pub(crate) struct ProcessState {
     pub(crate) warnings: Vec<String>,
     /// Collects of objects never allocated (or left out by a filter).
     pub(crate) unmatched: u64,
+    /// What its cells allocated, summed once the pass is over.
+    pub(crate) allocated: Allocated,
     /// Cells whose live bytes changed since this process's last peak.
     touched: Vec<u32>,
     dirty: bool,
@@ -59,6 +61,39 @@ fn pack(cell: u32, nsamples: u32) -> u64 {
 
 fn unpack(v: u64) -> (u32, u32) {
     ((v >> 32) as u32, v as u32)
+}
+
+/// Every cell's figures, as the pass left them: what the decoding threads counted, stream
+/// by stream in the tree's order of cells, and what the pass kept by the id each cell had
+/// while it ran. Each cell's [`NodeStats`] are put together as they are read: the pass
+/// ends sooner than when they were copied into one table (megabytes of fresh pages).
+#[derive(Debug, Default)]
+pub(crate) struct CellFigures {
+    allocated: Vec<Vec<Allocated>>,
+    /// By the tree's order of cells.
+    ids: Vec<u32>,
+    /// By id.
+    live: Vec<LiveCell>,
+    at_peak: Vec<u64>,
+    at_own_peak: Vec<u64>,
+    at_time: Option<Vec<u64>>,
+}
+
+impl CellFigures {
+    /// Each cell's figures, in the tree's order of cells.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = NodeStats> + '_ {
+        let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
+        (self.allocated.iter().flatten().zip(&self.ids)).map(move |(&allocated, &id)| {
+            let id = id as usize;
+            NodeStats {
+                allocated,
+                live: self.live.get(id).map_or(0, |c| c.live),
+                at_peak: get(&self.at_peak, id),
+                at_own_peak: get(&self.at_own_peak, id),
+                at_time: self.at_time.as_deref().map_or(0, |v| get(v, id)),
+            }
+        })
+    }
 }
 
 /// What one cell (backtrace, domain, source) allocated and holds. Bytes are estimates, `nsamples` exact.
@@ -211,7 +246,7 @@ pub(crate) struct Pass {
     pub(crate) tree: Tree,
     pub(crate) processes: Vec<ProcessState>,
     /// Indexed by the tree's cells.
-    pub(crate) cells: Vec<NodeStats>,
+    pub(crate) cells: CellFigures,
     pub(crate) peak: u64,
     pub(crate) peak_time: Option<u64>,
     pub(crate) first_time: Option<u64>,
@@ -361,7 +396,7 @@ pub(crate) fn run(
         pass: Pass {
             tree: Tree::default(),
             processes,
-            cells: Vec::new(),
+            cells: CellFigures::default(),
             peak: 0,
             peak_time: None,
             first_time: None,
@@ -404,23 +439,23 @@ pub(crate) fn run(
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
-    // (the pass knew cells by the ids the threads handed out as they met them; the tree
-    // lists them in an order that does not depend on the threads)
-    let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
-    let mut cells = Vec::with_capacity(ids.len());
-    cells.extend(
-        (allocated.into_iter().flatten().zip(ids)).map(|(allocated, id)| {
-            let id = id as usize;
-            NodeStats {
-                allocated,
-                live: r.cells.get(id).map_or(0, |c| c.live),
-                at_peak: get(&r.at_peak, id),
-                at_own_peak: get(&r.at_own_peak, id),
-                at_time: r.at_time.as_deref().map_or(0, |v| get(v, id)),
-            }
-        }),
-    );
-    r.pass.cells = cells;
+    r.pass.cells = CellFigures {
+        allocated,
+        ids,
+        live: r.cells,
+        at_peak: r.at_peak,
+        at_own_peak: r.at_own_peak,
+        at_time: r.at_time,
+    };
+    // (each process's sums taken once, in the tree's order of cells)
+    let pass = &mut r.pass;
+    for (c, n) in pass.tree.cells.iter().zip(pass.cells.iter()) {
+        let a = &mut pass.processes[c.process as usize].allocated;
+        a.allocations += n.allocated.allocations;
+        a.samples += n.allocated.samples;
+        a.bytes += n.allocated.bytes;
+        a.objects += n.allocated.objects;
+    }
     Ok(r.pass)
 }
 

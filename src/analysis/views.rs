@@ -129,8 +129,8 @@ impl Analysis {
             let values: Vec<(u64, u64)> = (modes.iter())
                 .map(|&m| {
                     (
-                        value_at(n, m, false),
-                        own.map_or(0, |_| value_at(n, m, true)),
+                        value_at(&n, m, false),
+                        own.map_or(0, |_| value_at(&n, m, true)),
                     )
                 })
                 .collect();
@@ -175,7 +175,7 @@ impl Analysis {
         let mut sums: HashMap<(Result<Place, LocationCode>, Option<Place>), u64> = HashMap::new();
         for (i, n) in self.pass.cells.iter().enumerate() {
             let owner = self.process_of(i) as usize;
-            let value = value_at(n, mode, process.is_some());
+            let value = value_at(&n, mode, process.is_some());
             if value == 0 || process.is_some_and(|p| p != owner) {
                 continue;
             }
