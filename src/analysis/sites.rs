@@ -96,11 +96,13 @@ impl Ids {
 /// A stream's previous backtrace, so that the next one, which shares a prefix with it, is
 /// known by the work of its new frames only.
 ///
-/// A backtrace is known by a fingerprint of its frames (64 bits: a chain of multiply-folds
-/// over the codes), so that finding its cell is one table lookup, not one step a frame
-/// through the tree: deep recursions give thousands of new frames an allocation. Two
-/// different backtraces get one fingerprint (and share a cell) with a chance of about
-/// 2^-64 a pair: for a million backtraces, about 3 in 10^8.
+/// A backtrace is known by a fingerprint of its frames (64 bits: the sum of a multiply-fold
+/// of each code with its depth), so that finding its cell is one table lookup, not one step
+/// a frame through the tree: deep recursions give thousands of new frames an allocation.
+/// (Each frame's part is made apart from the others', so that a deep backtrace is not
+/// fingerprinted at one multiply's latency a frame.) Two different backtraces get one
+/// fingerprint (and share a cell) with a chance of about 2^-64 a pair: for a million
+/// backtraces, about 3 in 10^8.
 pub(crate) struct Path {
     /// `fps[k]`: the fingerprint of the first `k` frames (`fps[0]`: of no frame).
     fps: Vec<u64>,
@@ -129,6 +131,14 @@ fn step(h: u64, code: u64) -> u64 {
     (m as u64) ^ ((m >> 64) as u64)
 }
 
+/// A frame's part of a fingerprint: `code` at depth `k`, mixed by a folded multiply.
+#[inline(always)]
+fn term(code: u64, k: usize) -> u64 {
+    let m = u128::from(code ^ 0xa076_1d64_78bd_642f)
+        * u128::from((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xe703_7ed1_a0b4_28db);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
 impl Default for Path {
     /// The path of a stream before its first backtrace.
     fn default() -> Path {
@@ -145,12 +155,14 @@ impl Path {
         // earlier one, which these fingerprints do not cover)
         let common = common.min(self.fps.len() - 1).min(backtrace.len());
         self.fps.truncate(common + 1);
-        let h = self.fps[common];
-        (self.fps).extend(backtrace[common..].iter().scan(h, |h, code| {
-            *h = step(*h, code.0);
-            Some(*h)
-        }));
-        self.fps[self.fps.len() - 1]
+        self.fps.resize(backtrace.len() + 1, 0);
+        let fps = &mut self.fps[common..];
+        let mut h = fps[0];
+        for (k, (fp, code)) in (fps[1..].iter_mut().zip(&backtrace[common..])).enumerate() {
+            h = h.wrapping_add(term(code.0, common + k));
+            *fp = h;
+        }
+        h
     }
 }
 
@@ -459,8 +471,11 @@ mod tests {
             p.fingerprint(0, &a);
             assert_eq!(p.fingerprint(common, &b), fb, "common {common}");
         }
-        // (one frame more or less is another backtrace)
+        // (one frame more or less is another backtrace, and so are the same frames in
+        // another order: each frame's part depends on its depth)
         assert_ne!(alone.fingerprint(4, &codes(&[1, 2, 3, 9, 9])), fb);
+        assert_ne!(alone.fingerprint(0, &codes(&[2, 1, 3, 9])), fb);
+        assert_ne!(alone.fingerprint(0, &codes(&[9, 3, 2, 1])), fb);
         assert_ne!(alone.fingerprint(0, &codes(&[1, 2, 3])), fb);
         // (a prefix longer than the previous backtrace: the frames decide)
         let mut p = Path::default();
