@@ -3,7 +3,7 @@
 //! replays events; any thread decodes any stream, the pass too while it waits.
 
 use super::sites::{
-    cell_key, define, Backtraces, CellTable, Ids, NewCells, Path, StreamCells, Tree,
+    cell_key, define, Backtraces, CellTable, Ids, NewCells, Path, StreamCells, Tree, Wait,
 };
 use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
@@ -143,6 +143,9 @@ struct Decoding {
     /// The last allocation's (cell key, cell id, its index in `cells`): an allocation of
     /// the same site as the one before skips the table.
     last: Option<(u64, u32, u32)>,
+    /// Its new cells may wait for the tree's lock in the stream ([`StreamCells::hold`]):
+    /// not with many streams, which would each keep their room.
+    may_hold: bool,
 }
 
 impl Decoding {
@@ -162,6 +165,7 @@ impl Decoding {
             table: LocationTable::default(),
             allocated: Vec::new(),
             last: None,
+            may_hold: false,
         }
     }
 }
@@ -301,7 +305,6 @@ fn decode(
         },
         limit.events,
     );
-    s.cells.intern_new(new, &s.backtraces);
     let mut warnings: Vec<(u32, String)> = (r.take_warnings().into_iter())
         .map(|w| (s.process, w.to_string()))
         .collect();
@@ -320,6 +323,17 @@ fn decode(
             true
         }
     };
+    // (with the tree locked by another thread, the batch's new cells wait in the stream
+    // for its next batch, and this thread goes on to another stream)
+    let wait = if end || !s.may_hold {
+        Wait::Always
+    } else {
+        Wait::IfMany
+    };
+    s.cells.intern_new(new, &s.backtraces, wait);
+    if !new.is_empty() {
+        s.cells.hold(new);
+    }
     if end {
         // (what only reading needs goes now, on this thread, rather than when the pass
         // is done and waits for it; the reader went with its last event)
@@ -343,6 +357,9 @@ pub(crate) struct BatchLimit {
     /// for while the other thread, its streams decoded ahead, had nothing to do.
     pub(crate) frames: usize,
 }
+
+/// Streams whose new cells may wait for the tree's lock, at most ([`Decoding::may_hold`]).
+const HOLDING_STREAMS: usize = 64;
 
 /// Batches decoded ahead of the one being replayed, a stream, at most: enough that the
 /// decoding threads have work while the pass replays (else a core idles).
@@ -565,13 +582,17 @@ impl Feed {
             processes,
             warnings: Vec::new(),
         };
+        let may_hold = streams.len() <= HOLDING_STREAMS;
         for (i, s) in streams.into_iter().enumerate() {
+            let process = s.process;
+            let mut state = Box::new(Decoding::new(i as u32, s, backtraces.clone()));
+            state.may_hold = may_hold;
             f.queues.push(Queue {
-                process: s.process,
+                process,
                 ready: Vec::new(),
                 pos: 0,
                 next: VecDeque::new(),
-                home: Some(Box::new(Decoding::new(i as u32, s, backtraces.clone()))),
+                home: Some(state),
                 decoded: false,
                 spare: Vec::new(),
             });
@@ -704,7 +725,10 @@ impl Feed {
         let mut allocated = Vec::with_capacity(states.len());
         let mut streams = Vec::with_capacity(states.len());
         for s in states {
-            let s = *s;
+            let mut s = *s;
+            // (cells held by a stream the pass stopped reading before its end)
+            s.cells
+                .intern_new(&mut NewCells::default(), &s.backtraces, Wait::Always);
             allocated.push(s.allocated);
             streams.push((s.cells, s.process, s.table));
         }

@@ -42,12 +42,26 @@ pub(crate) struct StreamCells {
     cells: Vec<Cell>,
     /// The id of each.
     numbers: Vec<u32>,
+    /// Cells whose backtraces wait for the tree: the thread that made them found it locked
+    /// at the end of its batch, and went on rather than waited.
+    held: NewCells,
+}
+
+/// When [`StreamCells::intern_new`] waits for the tree's lock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Wait {
+    /// If another thread holds it, the cells wait (for the next call) unless there are
+    /// many of them.
+    IfMany,
+    /// Always: the stream is over, or the caller cannot keep them.
+    Always,
 }
 
 /// The cells a thread made in the stream it decodes since it last interned their
 /// backtraces ([`StreamCells::intern_new`]): under one lock of the tree that every
 /// thread shares, rather than one a cell. A thread's, not a stream's: thousands of
-/// streams do not each keep its room.
+/// streams do not each keep its room (a stream holds some only while the tree is locked
+/// by another thread, and with few streams: [`StreamCells::hold`]).
 #[derive(Default)]
 pub(crate) struct NewCells {
     /// (the cell's index among its stream's, where its frames start in `frames`)
@@ -111,6 +125,10 @@ pub(crate) struct Path {
 /// Frames of new cells a thread holds before it interns them (a stream's first batch
 /// meets thousands of backtraces: not all of them held).
 const NEW_FRAMES: usize = 4096;
+
+/// Frames of new cells a thread or a stream holds at most while another thread holds the
+/// tree: past them it waits for the lock.
+const HELD_FRAMES: usize = 4 * NEW_FRAMES;
 
 /// Frames of a backtrace from which its new cell is interned at once, under the tree's
 /// lock, rather than copied with its fingerprints to be interned with the batch's others:
@@ -265,41 +283,96 @@ impl StreamCells {
         });
         self.numbers.push(id);
         if backtrace.len() >= DIRECT_FRAMES {
-            let mut t = backtraces.lock().unwrap_or_else(|e| e.into_inner());
-            self.cells[local as usize].node = t.intern(&path.fps[..=backtrace.len()], backtrace);
-            return (id, local);
+            if let Some(mut t) = try_lock(backtraces) {
+                self.cells[local as usize].node =
+                    t.intern(&path.fps[..=backtrace.len()], backtrace);
+                return (id, local);
+            }
         }
-        new.cells.push((local, new.frames.len() as u32));
-        new.frames.extend_from_slice(backtrace);
-        new.fps.extend_from_slice(&path.fps[..=backtrace.len()]);
+        new.push(local, backtrace, &path.fps[..=backtrace.len()]);
         if new.frames.len() >= NEW_FRAMES {
-            self.intern_new(new, backtraces);
+            self.intern_new(new, backtraces, Wait::IfMany);
         }
         (id, local)
     }
 
-    /// Intern the backtraces of `new`, this stream's cells made since the last call.
+    /// Intern the backtraces of `new`, this stream's cells made since the last call, and
+    /// those it held. If another thread holds the tree and `wait` allows, they are left
+    /// where they are: the caller tries again later in the batch, or at its end gives
+    /// `new`'s to the stream to hold ([`StreamCells::hold`]).
     pub(crate) fn intern_new(
         &mut self,
         new: &mut NewCells,
         backtraces: &std::sync::Mutex<Backtraces>,
+        wait: Wait,
     ) {
-        if new.cells.is_empty() {
+        if new.cells.is_empty() && self.held.cells.is_empty() {
             return;
         }
-        let mut t = backtraces.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, &(local, start)) in new.cells.iter().enumerate() {
-            let end = (new.cells.get(k + 1)).map_or(new.frames.len(), |n| n.1 as usize);
-            // (each cell has one fingerprint more than frames: `k` more before it)
-            let (start, fp_start) = (start as usize, start as usize + k);
-            let bt = &new.frames[start..end];
-            let fps = &new.fps[fp_start..fp_start + bt.len() + 1];
-            self.cells[local as usize].node = t.intern(fps, bt);
+        let many = new.frames.len() + self.held.frames.len() >= HELD_FRAMES;
+        let mut t = match try_lock(backtraces) {
+            Some(t) => t,
+            None if wait == Wait::Always || many => {
+                backtraces.lock().unwrap_or_else(|e| e.into_inner())
+            }
+            None => return,
+        };
+        for n in [&mut self.held, new] {
+            for (local, bt, fps) in n.iter() {
+                self.cells[local as usize].node = t.intern(fps, bt);
+            }
+            n.clear();
         }
         drop(t);
-        new.cells.clear();
-        new.frames.clear();
-        new.fps.clear();
+        // (what a stream held goes: thousands of streams do not each keep its room)
+        self.held = NewCells::default();
+    }
+
+    /// Keep `new`'s cells (this stream's) until the stream's next batch.
+    pub(crate) fn hold(&mut self, new: &mut NewCells) {
+        for (local, bt, fps) in new.iter() {
+            self.held.push(local, bt, fps);
+        }
+        new.clear();
+    }
+}
+
+impl NewCells {
+    fn push(&mut self, local: u32, backtrace: &[LocationCode], fps: &[u64]) {
+        self.cells.push((local, self.frames.len() as u32));
+        self.frames.extend_from_slice(backtrace);
+        self.fps.extend_from_slice(fps);
+    }
+
+    /// Each cell's index, backtrace and fingerprints.
+    fn iter(&self) -> impl Iterator<Item = (u32, &[LocationCode], &[u64])> + '_ {
+        (self.cells.iter().enumerate()).map(|(k, &(local, start))| {
+            let end = (self.cells.get(k + 1)).map_or(self.frames.len(), |n| n.1 as usize);
+            // (each cell has one fingerprint more than frames: `k` more before it)
+            let (start, fp_start) = (start as usize, start as usize + k);
+            let bt = &self.frames[start..end];
+            (local, bt, &self.fps[fp_start..fp_start + bt.len() + 1])
+        })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.cells.clear();
+        self.frames.clear();
+        self.fps.clear();
+    }
+}
+
+/// The tree's lock if no other thread holds it (a thread that panicked holding it left it
+/// whole: an intern is a push or a lookup at a time).
+fn try_lock(m: &std::sync::Mutex<Backtraces>) -> Option<std::sync::MutexGuard<'_, Backtraces>> {
+    match m.try_lock() {
+        Ok(t) => Some(t),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 
@@ -520,7 +593,7 @@ mod tests {
                 prefixes.insert(bt[..k].to_vec());
             }
         }
-        cells.intern_new(&mut new, &t);
+        cells.intern_new(&mut new, &t, Wait::Always);
         let nodes: Vec<u32> = cells.cells.iter().map(|c| c.node).collect();
         let nnodes = t.lock().unwrap().nodes.len();
         assert_eq!(nnodes, prefixes.len() + 1);
@@ -531,9 +604,29 @@ mod tests {
             q.fingerprint(0, bt);
             let (_, local) =
                 other.new_cell(0, 0, AllocSource::Major, &q, bt, &mut ids, &mut new, &t);
-            other.intern_new(&mut new, &t);
+            other.intern_new(&mut new, &t, Wait::Always);
             assert_eq!(other.cells[local as usize].node, n);
         }
+        assert_eq!(t.lock().unwrap().nodes.len(), nnodes);
+        // (a third stream's, made while another thread holds the tree: held by the stream,
+        // the deep one too, and interned at its next call, to the same nodes)
+        let mut third = StreamCells::default();
+        let mut r = Path::default();
+        let guard = t.lock().unwrap();
+        for bt in &bts {
+            r.fingerprint(0, bt);
+            third.new_cell(0, 0, AllocSource::Minor, &r, bt, &mut ids, &mut new, &t);
+        }
+        third.intern_new(&mut new, &t, Wait::IfMany);
+        third.hold(&mut new);
+        assert!(new.is_empty());
+        assert_eq!(third.held.cells.len(), bts.len());
+        assert!(third.cells.iter().all(|c| c.node == NONE));
+        drop(guard);
+        third.intern_new(&mut new, &t, Wait::IfMany);
+        let got: Vec<u32> = third.cells.iter().map(|c| c.node).collect();
+        assert_eq!(got, nodes);
+        assert!(third.held.is_empty());
         assert_eq!(t.lock().unwrap().nodes.len(), nnodes);
         let tree = Tree {
             nodes: t.into_inner().unwrap().nodes,
