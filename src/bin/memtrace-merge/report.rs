@@ -34,5 +34,5 @@ pub fn report(a: ReportArgs) -> Result<(), Error> {
         series: a.series,
         ..ReportOptions::default()
     };
-    memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| write_html(&an, &opts, w))
+    memtrace_merge::write_output(&a.output, &a.inputs.inputs, |w| write_html(an, &opts, w))
 }
