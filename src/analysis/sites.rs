@@ -173,13 +173,11 @@ impl Path {
         // earlier one, which these fingerprints do not cover)
         let common = common.min(self.fps.len() - 1).min(backtrace.len());
         self.fps.truncate(common + 1);
-        self.fps.resize(backtrace.len() + 1, 0);
-        let fps = &mut self.fps[common..];
-        let mut h = fps[0];
-        for (k, (fp, code)) in (fps[1..].iter_mut().zip(&backtrace[common..])).enumerate() {
+        let mut h = self.fps[common];
+        (self.fps).extend((backtrace[common..].iter().enumerate()).map(|(k, code)| {
             h = h.wrapping_add(term(code.0, common + k));
-            *fp = h;
-        }
+            h
+        }));
         h
     }
 }
