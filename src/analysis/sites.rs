@@ -141,8 +141,9 @@ const ID_BLOCK: u32 = 256;
 /// The fingerprint of no frame.
 const SEED: u64 = 0x243f_6a88_85a3_08d3;
 
-/// The fingerprint of `h`'s frames and one more, `code`: a multiply folded (the high
-/// half of the product into the low), which mixes every bit of both.
+/// A fingerprint `h` marked with `code` (a kind of allocation, or no backtrace): a
+/// multiply folded (the high half of the product into the low), which mixes every bit of
+/// both.
 #[inline(always)]
 fn step(h: u64, code: u64) -> u64 {
     let m = u128::from(h ^ code) * u128::from(0x9e37_79b9_7f4a_7c15u64);
