@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{LocationList, LocationTable};
 use crate::pipeline::files::LazyFile;
+use crate::pipeline::lock;
 use crate::pipeline::placement::Placement;
 use crate::reader::{EventSink, Reader};
 use std::cmp::Reverse;
@@ -477,11 +478,6 @@ impl Drop for Feed {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // (a thread that panicked holding it left the queue whole: a push or a pop)
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The pass's side of a stream: the batch being replayed, those decoded after it, and the

@@ -4,6 +4,7 @@
 
 use crate::format::event::{AllocSource, LocationCode};
 use crate::format::location::{IntMap, Location, LocationList, LocationTable};
+use crate::pipeline::{lock, try_lock};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -311,9 +312,7 @@ impl StreamCells {
         let many = new.frames.len() + self.held.frames.len() >= HELD_FRAMES;
         let mut t = match try_lock(backtraces) {
             Some(t) => t,
-            None if wait == Wait::Always || many => {
-                backtraces.lock().unwrap_or_else(|e| e.into_inner())
-            }
+            None if wait == Wait::Always || many => lock(backtraces),
             None => return,
         };
         for n in [&mut self.held, new] {
@@ -362,16 +361,6 @@ impl NewCells {
         self.cells.clear();
         self.frames.clear();
         self.fps.clear();
-    }
-}
-
-/// The tree's lock if no other thread holds it (a thread that panicked holding it left it
-/// whole: an intern is a push or a lookup at a time).
-fn try_lock(m: &std::sync::Mutex<Backtraces>) -> Option<std::sync::MutexGuard<'_, Backtraces>> {
-    match m.try_lock() {
-        Ok(t) => Some(t),
-        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::format::location::LocationPool;
 use crate::pipeline::files::FilePool;
 use crate::pipeline::placement::Placement;
 use crate::pipeline::share::ShareOf;
+use crate::pipeline::try_lock;
 use crate::reader::Reader;
 use crate::thin::Thinner;
 use std::cmp::Reverse;
@@ -647,15 +648,6 @@ pub(crate) struct Filled {
 #[cfg(test)]
 thread_local! {
     pub(crate) static FILLED_HERE: std::cell::Cell<Filled> = std::cell::Cell::new(Filled::default());
-}
-
-/// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
-fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
 }
 
 /// Fill the next batch of stream `i`, whose state `s` the caller holds locked.

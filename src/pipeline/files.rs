@@ -1,11 +1,12 @@
 //! Input files opened lazily under a shared budget of open descriptors, so a merge of
 //! thousands of traces works under a small `ulimit -n` (least recently read is closed first).
 
+use super::lock;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 struct Slot {
     file: Option<File>,
@@ -26,11 +27,6 @@ struct Pool {
 /// A shared budget of open files (its files may be read from any thread, one at a time).
 #[derive(Clone)]
 pub struct FilePool(Arc<Mutex<Pool>>);
-
-/// Lock, going on after a panic elsewhere (the state stays consistent: counters only).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl FilePool {
     /// At most `limit` files open at once (at least 1).

@@ -28,3 +28,20 @@ pub mod output;
 pub mod placement;
 pub mod share;
 pub mod verbatim;
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+/// `m` locked, going on after a panic elsewhere: the threads that share a lock here change
+/// what it guards a step at a time (a push, a pop, a counter), so a panic leaves it whole.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `m` locked, unless another thread holds it (a poisoned lock is taken as it is).
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
