@@ -80,10 +80,15 @@ pub(crate) struct CellFigures {
 }
 
 impl CellFigures {
+    /// What each cell allocated, in the tree's order of cells.
+    fn allocated(&self) -> impl Iterator<Item = &Allocated> + '_ {
+        self.allocated.iter().flatten()
+    }
+
     /// Each cell's figures, in the tree's order of cells.
     pub(crate) fn iter(&self) -> impl Iterator<Item = NodeStats> + '_ {
         let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
-        (self.allocated.iter().flatten().zip(&self.ids)).map(move |(&allocated, &id)| {
+        (self.allocated().zip(&self.ids)).map(move |(&allocated, &id)| {
             let id = id as usize;
             NodeStats {
                 allocated,
@@ -449,12 +454,12 @@ pub(crate) fn run(
     };
     // (each process's sums taken once, in the tree's order of cells)
     let pass = &mut r.pass;
-    for (c, n) in pass.tree.cells.iter().zip(pass.cells.iter()) {
+    for (c, n) in pass.tree.cells.iter().zip(pass.cells.allocated()) {
         let a = &mut pass.processes[c.process as usize].allocated;
-        a.allocations += n.allocated.allocations;
-        a.samples += n.allocated.samples;
-        a.bytes += n.allocated.bytes;
-        a.objects += n.allocated.objects;
+        a.allocations += n.allocations;
+        a.samples += n.samples;
+        a.bytes += n.bytes;
+        a.objects += n.objects;
     }
     Ok(r.pass)
 }
