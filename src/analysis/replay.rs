@@ -118,14 +118,13 @@ pub(crate) struct NodeStats {
 /// (kept small: the pass meets cells in no order, and misses the cache on each).
 ///
 /// Its live bytes at a peak are taken lazily: at a new peak only the cells changed since
-/// the last one add their net change, so that the heap is never copied.
+/// the last one take theirs (the others' are what they were then), so that the heap is
+/// never copied.
 #[derive(Clone, Copy, Debug, Default)]
 struct LiveCell {
     live: u64,
-    /// The net change since the combined peak, and since its process's own.
-    since_peak: i64,
-    since_own: i64,
-    /// On the lists of cells changed since them: [`COMBINED`], [`OWN`].
+    /// On the lists of cells changed since the combined peak and since its process's
+    /// own: [`COMBINED`], [`OWN`].
     touched: u8,
 }
 
@@ -600,8 +599,6 @@ impl Replay {
         };
         let c = &mut self.cells[cell as usize];
         c.live = (c.live as i64 + delta) as u64;
-        c.since_peak += delta;
-        c.since_own += delta;
         if c.touched != COMBINED | OWN {
             if c.touched & COMBINED == 0 {
                 self.touched.push(cell);
@@ -644,18 +641,11 @@ impl Replay {
 }
 
 /// At a new peak (the combined one or a process's, `which`): the cells changed since the
-/// last one take their live bytes then (`at`).
+/// last one take their live bytes now (`at`); the others' have not changed since.
 fn settle(cells: &mut [LiveCell], at: &mut [u64], touched: &mut Vec<u32>, which: u8) {
     for &n in touched.iter() {
         let c = &mut cells[n as usize];
-        let since = if which == COMBINED {
-            &mut c.since_peak
-        } else {
-            &mut c.since_own
-        };
-        let a = &mut at[n as usize];
-        *a = (*a as i64 + *since) as u64;
-        *since = 0;
+        at[n as usize] = c.live;
         c.touched &= !which;
     }
     touched.clear();
