@@ -151,3 +151,49 @@ fn the_window_is_the_filter() {
     let a = analyze(&[fork()], &AnalysisOptions::default()).unwrap();
     assert_eq!(a.window_us(), (None, None));
 }
+
+/// With a window that has a start, a backtrace's live objects are estimated at the ratio
+/// of objects to bytes of all it allocated up to the window's end, before the window too:
+/// as the analysis without a window gives them, also where nothing was allocated in it.
+#[test]
+fn live_objects_before_the_window_are_estimated_from_all_allocations() {
+    let windowed = AnalysisOptions {
+        filter: Filter {
+            from: Some(TimeSpec::SinceStart(1.0)),
+            ..Filter::default()
+        },
+        ..AnalysisOptions::default()
+    };
+    let w = analyze(&[fork()], &windowed).unwrap();
+    let all = analyze(&[fork()], &AnalysisOptions::default()).unwrap();
+    let key = |s: &memtrace_merge::analysis::Stack| {
+        (s.process, s.domain, s.source as u8, s.frames.clone())
+    };
+    let ratio: HashMap<_, f64> = (all.stacks(Mode::End).iter())
+        .filter(|s| s.allocated_bytes > 0)
+        .map(|s| (key(s), s.allocated_objects / s.allocated_bytes as f64))
+        .collect();
+    let mut before_only = 0;
+    for s in w.stacks(Mode::End).iter().filter(|s| s.live_bytes > 0) {
+        let want = ratio[&key(s)] * s.live_bytes as f64;
+        assert!(
+            (s.live_objects - want).abs() <= 1e-9 * want,
+            "{:?}: {} live objects, {want} expected",
+            s.frames.last(),
+            s.live_objects
+        );
+        before_only += usize::from(s.allocations == 0);
+    }
+    assert!(
+        before_only > 0,
+        "no backtrace live only from before the window"
+    );
+    // (the heap at the end is the same with the window or without: so are its weights)
+    for weight in [Weight::Bytes, Weight::Objects] {
+        assert_eq!(
+            w.folded(Mode::End, weight, true),
+            all.folded(Mode::End, weight, true),
+            "{weight:?}"
+        );
+    }
+}

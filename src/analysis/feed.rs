@@ -107,17 +107,35 @@ impl BytesOf {
     }
 }
 
-/// What a cell allocated. Bytes and objects are estimates; `seen_*` count every
-/// allocation up to the window's end, in the window or not (live objects are estimated
-/// from live bytes at their ratio).
+/// What a cell allocated (in the window). Bytes and objects are estimates.
+///
+/// Half a cache line, and at the start of one or in its middle: a decoding thread adds to
+/// a cell's at nearly every allocation, in no order, and misses the cache at each.
 #[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
 pub(crate) struct Allocated {
     pub(crate) allocations: u64,
     pub(crate) samples: u64,
     pub(crate) bytes: u64,
     pub(crate) objects: f64,
-    pub(crate) seen_bytes: u64,
-    pub(crate) seen_objects: f64,
+}
+
+/// What a cell allocated up to the window's end, in the window or not: its live objects
+/// are estimated from its live bytes at this ratio. Kept apart only when the window has
+/// a start (else it is what [`Allocated`] says).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Seen {
+    pub(crate) bytes: u64,
+    pub(crate) objects: f64,
+}
+
+/// What the decoding threads counted of the cells, stream by stream, each stream's in the
+/// order it met them.
+#[derive(Debug, Default)]
+pub(crate) struct Counted {
+    pub(crate) allocated: Vec<Vec<Allocated>>,
+    /// Each stream's empty, unless the window has a start.
+    pub(crate) seen: Vec<Vec<Seen>>,
 }
 
 /// A stream as it is read: everything a thread needs to decode its next batch, handed to
@@ -141,6 +159,8 @@ struct Decoding {
     table: LocationTable,
     /// What each of its cells allocated, by their index in `cells`.
     allocated: Vec<Allocated>,
+    /// Likewise, what each allocated before the window too (only if it has a start).
+    seen: Vec<Seen>,
     /// The last allocation's (cell key, cell id, its index in `cells`): an allocation of
     /// the same site as the one before skips the table.
     last: Option<(u64, u32, u32)>,
@@ -165,6 +185,7 @@ impl Decoding {
             by_key: CellTable::default(),
             table: LocationTable::default(),
             allocated: Vec::new(),
+            seen: Vec::new(),
             last: None,
             may_hold: false,
         }
@@ -224,6 +245,9 @@ impl EventSink for Sink<'_> {
                         );
                         s.by_key.insert(key, v);
                         s.allocated.push(Allocated::default());
+                        if c.from.is_some() {
+                            s.seen.push(Seen::default());
+                        }
                         v
                     }
                 };
@@ -233,15 +257,17 @@ impl EventSink for Sink<'_> {
         };
         let bytes = s.bytes_of.of(nsamples);
         if c.to.is_none_or(|t| time <= t) {
-            let a = &mut s.allocated[local as usize];
             let objects = if c.sample_rate > 0.0 {
                 nsamples as f64 / (c.sample_rate * (length + 1) as f64)
             } else {
                 0.0
             };
-            a.seen_bytes += bytes;
-            a.seen_objects += objects;
+            if let Some(seen) = s.seen.get_mut(local as usize) {
+                seen.bytes += bytes;
+                seen.objects += objects;
+            }
             if c.from.is_none_or(|f| time >= f) {
+                let a = &mut s.allocated[local as usize];
                 a.allocations += 1;
                 a.samples += nsamples;
                 a.bytes += bytes;
@@ -700,7 +726,7 @@ impl Feed {
     /// Stop decoding; the tree, with every backtrace met and every cell ([`Tree::join`]),
     /// what each cell allocated (stream by stream) and the id it had, in the tree's order
     /// of cells.
-    pub(crate) fn finish(mut self) -> Result<(Tree, Vec<Vec<Allocated>>, Vec<u32>)> {
+    pub(crate) fn finish(mut self) -> Result<(Tree, Counted, Vec<u32>)> {
         let mut states: Vec<Box<Decoding>> =
             (self.jobs.close().into_iter()).map(|j| j.state).collect();
         if self.stop() {
@@ -719,6 +745,7 @@ impl Feed {
         // (each stream's figures as they are: joined into one vector, they were copied
         // at the end of the pass, into memory first touched then)
         let mut allocated = Vec::with_capacity(states.len());
+        let mut seen = Vec::with_capacity(states.len());
         let mut streams = Vec::with_capacity(states.len());
         for s in states {
             let mut s = *s;
@@ -726,11 +753,12 @@ impl Feed {
             s.cells
                 .intern_new(&mut NewCells::default(), &s.backtraces, Wait::Always);
             allocated.push(s.allocated);
+            seen.push(s.seen);
             streams.push((s.cells, s.process, s.table));
         }
         let backtraces = std::mem::take(&mut *lock(&self.backtraces));
         let (tree, ids) = Tree::join(backtraces, streams, self.processes);
-        Ok((tree, allocated, ids))
+        Ok((tree, Counted { allocated, seen }, ids))
     }
 }
 

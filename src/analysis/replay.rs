@@ -2,7 +2,9 @@
 //! of their next events), the live heap of each process and of the whole run kept up to
 //! date, and the live bytes of each backtrace at the peaks taken as they are passed.
 
-use super::feed::{Allocated, BatchLimit, BytesOf, Counting, Ev, Feed, StreamSpec, COLLECT};
+use super::feed::{
+    Allocated, BatchLimit, BytesOf, Counted, Counting, Ev, Feed, Seen, StreamSpec, COLLECT,
+};
 use super::sites::Tree;
 use super::{AnalysisOptions, Filter, Mode};
 use crate::cancel::Cancel;
@@ -69,7 +71,7 @@ fn unpack(v: u64) -> (u32, u32) {
 /// ends sooner than when they were copied into one table (megabytes of fresh pages).
 #[derive(Debug, Default)]
 pub(crate) struct CellFigures {
-    allocated: Vec<Vec<Allocated>>,
+    counted: Counted,
     /// By the tree's order of cells.
     ids: Vec<u32>,
     /// By id.
@@ -82,16 +84,21 @@ pub(crate) struct CellFigures {
 impl CellFigures {
     /// What each cell allocated, in the tree's order of cells.
     fn allocated(&self) -> impl Iterator<Item = &Allocated> + '_ {
-        self.allocated.iter().flatten()
+        self.counted.allocated.iter().flatten()
     }
 
     /// Each cell's figures, in the tree's order of cells.
     pub(crate) fn iter(&self) -> impl Iterator<Item = NodeStats> + '_ {
         let get = |v: &[u64], id: usize| v.get(id).copied().unwrap_or(0);
+        let mut seen = self.counted.seen.iter().flatten();
         (self.allocated().zip(&self.ids)).map(move |(&allocated, &id)| {
             let id = id as usize;
             NodeStats {
                 allocated,
+                seen: seen.next().copied().unwrap_or(Seen {
+                    bytes: allocated.bytes,
+                    objects: allocated.objects,
+                }),
                 live: self.live.get(id).map_or(0, |c| c.live),
                 at_peak: get(&self.at_peak, id),
                 at_own_peak: get(&self.at_own_peak, id),
@@ -106,6 +113,8 @@ impl CellFigures {
 pub(crate) struct NodeStats {
     /// Counted by the decoding threads.
     pub(crate) allocated: Allocated,
+    /// What it allocated up to the window's end, in it or not.
+    pub(crate) seen: Seen,
     /// Live at the end of the pass.
     pub(crate) live: u64,
     /// Live at the combined peak, its process's own peak, `--at`.
@@ -144,11 +153,11 @@ impl NodeStats {
 
     /// The objects `bytes` of this cell's allocations stand for (an estimate).
     pub(crate) fn objects_in(&self, bytes: u64) -> f64 {
-        let a = &self.allocated;
-        if a.seen_bytes == 0 {
+        let a = &self.seen;
+        if a.bytes == 0 {
             0.0
         } else {
-            a.seen_objects * bytes as f64 / a.seen_bytes as f64
+            a.objects * bytes as f64 / a.bytes as f64
         }
     }
 
@@ -437,14 +446,14 @@ pub(crate) fn run(
     for (p, w) in std::mem::take(&mut feed.warnings) {
         r.pass.processes[p as usize].warnings.push(w);
     }
-    let (tree, allocated, ids) = feed.finish()?;
+    let (tree, counted, ids) = feed.finish()?;
     r.pass.tree = tree;
     r.end_of_time();
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
     r.pass.cells = CellFigures {
-        allocated,
+        counted,
         ids,
         live: r.cells,
         at_peak: r.at_peak,
