@@ -152,9 +152,10 @@ fn the_window_is_the_filter() {
     assert_eq!(a.window_us(), (None, None));
 }
 
-/// With a window that has a start, a backtrace's live objects are estimated at the ratio
-/// of objects to bytes of all it allocated up to the window's end, before the window too:
-/// as the analysis without a window gives them, also where nothing was allocated in it.
+/// With a window that has a start, a backtrace's live objects (and samples) are estimated
+/// at the ratio of objects to bytes of all it allocated up to the window's end, before the
+/// window too: as the analysis without a window gives them, also where nothing was
+/// allocated in it.
 #[test]
 fn live_objects_before_the_window_are_estimated_from_all_allocations() {
     let windowed = AnalysisOptions {
@@ -189,7 +190,7 @@ fn live_objects_before_the_window_are_estimated_from_all_allocations() {
         "no backtrace live only from before the window"
     );
     // (the heap at the end is the same with the window or without: so are its weights)
-    for weight in [Weight::Bytes, Weight::Objects] {
+    for weight in [Weight::Bytes, Weight::Samples, Weight::Objects] {
         assert_eq!(
             w.folded(Mode::End, weight, true),
             all.folded(Mode::End, weight, true),

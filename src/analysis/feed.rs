@@ -121,12 +121,13 @@ pub(crate) struct Allocated {
 }
 
 /// What a cell allocated up to the window's end, in the window or not: its live objects
-/// are estimated from its live bytes at this ratio. Kept apart only when the window has
-/// a start (else it is what [`Allocated`] says).
+/// and samples are estimated from its live bytes at these ratios. Kept apart only when
+/// the window has a start (else it is what [`Allocated`] says).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Seen {
     pub(crate) bytes: u64,
     pub(crate) objects: f64,
+    pub(crate) samples: u64,
 }
 
 /// What the decoding threads counted of the cells, stream by stream, each stream's in the
@@ -265,6 +266,7 @@ impl EventSink for Sink<'_> {
             if let Some(seen) = s.seen.get_mut(local as usize) {
                 seen.bytes += bytes;
                 seen.objects += objects;
+                seen.samples += nsamples;
             }
             if c.from.is_none_or(|f| time >= f) {
                 let a = &mut s.allocated[local as usize];

@@ -98,6 +98,7 @@ impl CellFigures {
                 seen: seen.next().copied().unwrap_or(Seen {
                     bytes: allocated.bytes,
                     objects: allocated.objects,
+                    samples: allocated.samples,
                 }),
                 live: self.live.get(id).map_or(0, |c| c.live),
                 at_peak: get(&self.at_peak, id),
@@ -161,9 +162,10 @@ impl NodeStats {
         }
     }
 
-    /// The samples `bytes` of this cell's allocations stand for.
+    /// The samples `bytes` of this cell's allocations stand for (at the ratio of all it
+    /// allocated up to the window's end, as [`NodeStats::objects_in`]).
     pub(crate) fn samples_in(&self, bytes: u64) -> f64 {
-        let a = &self.allocated;
+        let a = &self.seen;
         if a.bytes == 0 {
             0.0
         } else {
