@@ -153,10 +153,13 @@ fn flamegraph_writes_svg_and_folded() {
 /// damaged one is analysed up to the damage, with a warning.
 #[test]
 fn refusals_and_damage() {
-    for args in [
-        vec!["top", "--mode", "at=99"],
-        vec!["top", "--pid", "1"],
-        vec!["top", "--source", "external"],
+    for (args, says) in [
+        (vec!["top", "--mode", "at=99"], "--at 99"),
+        (vec!["top", "--pid", "1"], "--pid"),
+        (vec!["top", "--source", "external"], "filters"),
+        // (the inputs hold events, but none the filter leaves)
+        (vec!["top", "--domain", "5"], "(in domain 5)"),
+        (vec!["top", "--to", "0"], "(up to --to)"),
     ] {
         let mut args = args.clone();
         let f = fork();
@@ -165,6 +168,7 @@ fn refusals_and_damage() {
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         let err = String::from_utf8(o.stderr).unwrap();
         assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
         assert!(o.stdout.is_empty());
     }
     let t = data("truncated.ctf").display().to_string();

@@ -266,9 +266,22 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
         }
     }
     if pass.first_time.is_none() {
-        return Err(Error::NothingToAnalyse(
-            "no allocation, promote or collect in the inputs: nothing to analyse".into(),
-        ));
+        // (the inputs may hold events that a filter left out: it is named)
+        let mut scope = Vec::new();
+        if let Some(d) = opts.filter.domain {
+            scope.push(format!("in domain {d}"));
+        }
+        if opts.filter.to.is_some() {
+            scope.push("up to --to".to_string());
+        }
+        let scope = if scope.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", scope.join(", "))
+        };
+        return Err(Error::NothingToAnalyse(format!(
+            "no allocation, promote or collect in the inputs{scope}: nothing to analyse"
+        )));
     }
     let start_us = pass.processes.iter().map(|p| p.start_us).min().unwrap_or(0);
     let a = Analysis {
