@@ -653,6 +653,22 @@ fn check(what: &str, a: &Analysis, traces: &[&Trace], r: &Replay) {
         secs(r.peak.time, start),
     );
     assert_eq!(total.end_bytes, sum(&r.at_end, None), "{what}: end");
+    // (the timeline holds the window only: its largest values are the peaks)
+    let tl = a.timeline();
+    assert_eq!(
+        tl.rows.iter().map(|row| row.0).max(),
+        Some(r.peak.bytes),
+        "{what}: the timeline's largest heap"
+    );
+    for (p, own) in r.own_peaks.iter().enumerate() {
+        let most = tl.rows.iter().map(|row| row.1.get(p).copied().unwrap_or(0));
+        assert_eq!(
+            most.max(),
+            Some(own.bytes),
+            "{what}: {}'s largest heap in the timeline",
+            traces[p].name
+        );
+    }
     for by in [By::Function, By::Location] {
         for (mode, s) in [
             (Mode::Alloc, &r.allocated_sites),
@@ -956,6 +972,10 @@ fn filtered_fork_child_agrees_with_a_replay_of_its_dump() {
     // (the filters leave something to compare: major allocations in the window, a heap)
     assert!(r.allocated[0].0 > 0 && r.peak.bytes > 0);
     check("fork/child-2 filtered", &a, &[&t], &r);
+    // (the timeline's first step holds the window's start)
+    let tl = a.timeline();
+    let first = tl.start_us + tl.first_step as u64 * tl.step_us;
+    assert!(first <= start + 1_000_000 && start + 1_000_000 < first + tl.step_us);
     let entering = r.entering.unwrap();
     eprintln!(
         "  the heap entering the window: {entering} B (peak in it {} B at {}); {} B \

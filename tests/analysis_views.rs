@@ -198,3 +198,35 @@ fn live_objects_before_the_window_are_estimated_from_all_allocations() {
         );
     }
 }
+
+/// With `--from`, the timeline holds the window only: it starts at the step of the window's
+/// start, and its largest values are the peaks the analysis gives (the run's and each
+/// process's, taken in the window), though the heap before the window was larger.
+#[test]
+fn the_timeline_is_the_window() {
+    for from in [0.5, 1.5, 2.355, 3.0] {
+        let opts = AnalysisOptions {
+            filter: Filter {
+                from: Some(TimeSpec::SinceStart(from)),
+                ..Filter::default()
+            },
+            ..AnalysisOptions::default()
+        };
+        let a = analyze(&[fork()], &opts).unwrap();
+        let tl = a.timeline();
+        let at = a.start_us() + (from * 1e6).round() as u64;
+        let first = tl.start_us + tl.first_step as u64 * tl.step_us;
+        assert!(first <= at && at < first + tl.step_us, "--from {from}");
+        let total = a.total();
+        let most = tl.rows.iter().map(|r| r.0).max();
+        assert_eq!(most, Some(total.peak_bytes), "--from {from}: the run");
+        for (p, s) in a.processes().iter().enumerate() {
+            let most = tl
+                .rows
+                .iter()
+                .map(|r| r.1.get(p).copied().unwrap_or(0))
+                .max();
+            assert_eq!(most, Some(s.peak_bytes), "--from {from}: pid {}", s.pid);
+        }
+    }
+}

@@ -228,7 +228,11 @@ pub struct Timeline {
     pub start_us: u64,
     /// The length of a step (µs).
     pub step_us: u64,
-    /// Per step: the largest live heap of the whole run, and of each process, in it.
+    /// The number of the first step in `rows`: with a window that has a start (`--from`),
+    /// the steps before it are left out (0 otherwise).
+    pub first_step: usize,
+    /// Per step from `first_step`: the largest live heap of the whole run, and of each
+    /// process, in it (in the window: from the heap as it opens).
     pub rows: Vec<(u64, Vec<u64>)>,
     /// The processes, in the columns' order.
     pub processes: Vec<ProcessSummary>,
@@ -532,6 +536,7 @@ impl Analysis {
         Timeline {
             start_us: self.start_us,
             step_us: self.pass.timeline.step_us,
+            first_step: self.pass.timeline.first,
             rows: self.pass.timeline.rows.clone(),
             total: self.total_of(&processes),
             processes,

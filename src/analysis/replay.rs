@@ -180,7 +180,10 @@ pub(crate) struct Timeline {
     pub(crate) step_us: u64,
     pub(crate) fixed: bool,
     pub(crate) start_us: u64,
-    /// Per step: the largest total, then the largest of each process.
+    /// The step of the first row (steps count from `start_us`): with a window that has a
+    /// start, the steps before it are left out.
+    pub(crate) first: usize,
+    /// Per step from `first`: the largest total, then the largest of each process.
     pub(crate) rows: Vec<(u64, Vec<u64>)>,
     /// The heap as the last event recorded left it.
     end: (u64, Vec<u64>),
@@ -207,10 +210,7 @@ impl Timeline {
     /// `dirty`: the processes they changed.
     #[inline]
     fn record(&mut self, time: u64, total: u64, processes: &[ProcessState], dirty: &[u32]) {
-        let t = time.saturating_sub(self.start_us);
-        if self.rows.is_empty() || t >= self.row_end {
-            self.new_row(t, processes.len());
-        }
+        self.step_to(time, processes.len());
         for &p in dirty {
             self.end.1[p as usize] = processes[p as usize].live;
         }
@@ -224,16 +224,34 @@ impl Timeline {
         }
     }
 
+    /// The steps kept from the one of `from` (µs since the epoch), which starts with the
+    /// heap as the window opens: `total` and each process's live bytes.
+    fn open_at(&mut self, from: u64, total: u64, processes: &[ProcessState]) {
+        self.end = (total, processes.iter().map(|p| p.live).collect());
+        self.rows.clear();
+        self.first = (from.saturating_sub(self.start_us) / self.step_us) as usize;
+        self.step_to(from, processes.len());
+    }
+
+    /// The rows up to the step of `time` (µs since the epoch), made if new.
+    #[inline]
+    fn step_to(&mut self, time: u64, processes: usize) {
+        let t = time.saturating_sub(self.start_us);
+        if self.rows.is_empty() || t >= self.row_end {
+            self.new_row(t, processes);
+        }
+    }
+
     /// The steps up to the one of `t` (µs since the start), which becomes the last.
     fn new_row(&mut self, t: u64, processes: usize) {
         let mut i = (t / self.step_us) as usize;
         let most = max_steps(processes);
-        while !self.fixed && i >= most {
+        while !self.fixed && i.saturating_sub(self.first) >= most {
             self.coarsen();
             i = (t / self.step_us) as usize;
         }
         self.end.1.resize(processes, 0);
-        while self.rows.len() <= i {
+        while self.first + self.rows.len() <= i {
             // a step starts with the heap as the last event before it left it
             self.rows.push(self.end.clone());
         }
@@ -241,7 +259,13 @@ impl Timeline {
     }
 
     fn coarsen(&mut self) {
-        let rows = std::mem::take(&mut self.rows);
+        let mut rows = std::mem::take(&mut self.rows);
+        // (steps twice as long pair the steps from the start: a first step of odd number
+        // is the second half of its pair, whose first half was left out)
+        if self.first % 2 == 1 && !rows.is_empty() {
+            self.rows.push(rows.remove(0));
+        }
+        self.first /= 2;
         for pair in rows.chunks(2) {
             let mut r = pair[0].clone();
             if let Some(b) = pair.get(1) {
@@ -438,6 +462,11 @@ pub(crate) fn run(
     for s in streams.iter_mut() {
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
+    if let Some(f) = r.from {
+        // (the timeline's steps from the window's start)
+        let tl = &mut r.pass.timeline;
+        tl.first = (f.saturating_sub(start) / tl.step_us) as usize;
+    }
     let nstreams = streams.len();
     let batch = BatchLimit {
         events: ((1 << 18) / nstreams.max(1)).clamp(64, BATCH),
@@ -551,7 +580,9 @@ impl Replay {
         let Some(t) = self.now else { return };
         self.checkpoint(t);
         let p = &mut self.pass;
-        p.timeline.record(t, self.total, &p.processes, &self.dirty);
+        if self.from.is_none_or(|f| t >= f) {
+            p.timeline.record(t, self.total, &p.processes, &self.dirty);
+        }
         for &d in &self.dirty {
             p.processes[d as usize].dirty = false;
         }
@@ -561,11 +592,13 @@ impl Replay {
     }
 
     /// The heap as the window opens at `from` (what the events before it left) is a
-    /// candidate peak of the run and of every process.
+    /// candidate peak of the run and of every process, and the timeline's first value.
     fn enter_window(&mut self, from: u64) {
         self.dirty = (0..self.pass.processes.len() as u32).collect();
         self.checkpoint(from);
         self.dirty.clear();
+        let p = &mut self.pass;
+        p.timeline.open_at(from, self.total, &p.processes);
     }
 
     /// Each cell's live bytes now are its figure at `--at`.
@@ -676,6 +709,45 @@ fn new_peak(live: u64, peak: &mut u64, peak_time: &mut Option<u64>, t: u64) -> b
 mod tests {
     use super::*;
 
+    /// (time, total, process, its heap): one change of the heap, as recorded.
+    type Change = (u64, u64, usize, u64);
+
+    /// Record on `tl` the heaps of `ps` changed by 2,000 ms of events from the step `from`
+    /// of 1 ms on, at most `most` bytes a process; the changes.
+    fn record(tl: &mut Timeline, ps: &mut [ProcessState], from: u64, most: u64) -> Vec<Change> {
+        let n = ps.len() as u64;
+        let mut total: u64 = ps.iter().map(|s| s.live).sum();
+        let mut seen = Vec::new();
+        for k in from..2000u64 {
+            let p = (k * 7 % n) as usize;
+            let live = (k * 7919) % most;
+            total = total - ps[p].live + live;
+            ps[p].live = live;
+            tl.record(k * 1000 + 500, total, ps, &[p as u32]);
+            seen.push((k * 1000 + 500, total, p, live));
+        }
+        seen
+    }
+
+    /// A brute-force replay of `seen` against `tl`'s rows: each step's largest total, and
+    /// each process's largest heap, starting from what the steps before it left (`now`,
+    /// `now_total` before the first).
+    fn assert_rows(tl: &Timeline, seen: &[Change], mut now: Vec<u64>, mut now_total: u64) {
+        let step_us = tl.step_us;
+        for (i, (row_total, row)) in tl.rows.iter().enumerate() {
+            let k = (tl.first + i) as u64;
+            let span = k * step_us..(k + 1) * step_us;
+            let (mut want, mut want_total) = (now.clone(), now_total);
+            for &(_, tot, p, live) in seen.iter().filter(|e| span.contains(&e.0)) {
+                (now[p], now_total) = (live, tot);
+                want[p] = want[p].max(live);
+                want_total = want_total.max(tot);
+            }
+            assert_eq!(*row_total, want_total, "{} processes, step {i}", now.len());
+            assert_eq!(row, &want, "{} processes, step {i}", now.len());
+        }
+    }
+
     /// The same 2,000 ms of heaps recorded for 4 processes and for 4,096: the steps are
     /// fewer (longer) with more processes, and each row still holds the largest total and
     /// each process's largest heap of its step, as a replay of every event says.
@@ -688,35 +760,36 @@ mod tests {
                 ..Timeline::default()
             };
             let mut ps = vec![ProcessState::default(); n];
-            let mut seen = Vec::new();
-            let mut total = 0u64;
-            for k in 0..2000u64 {
-                let p = (k * 7 % n as u64) as usize;
-                let live = (k * 7919) % 1000;
-                total = total - ps[p].live + live;
-                ps[p].live = live;
-                tl.record(k * 1000 + 500, total, &ps, &[p as u32]);
-                seen.push((k * 1000 + 500, total, p, live));
-            }
+            let seen = record(&mut tl, &mut ps, 0, 1000);
             assert_eq!(
                 (tl.rows.len(), tl.step_us),
                 (steps, step_us),
                 "{n} processes"
             );
-            // (a brute-force replay: each step's largest total, and each process's
-            // largest heap, starting from what the steps before it left)
-            let (mut now, mut now_total) = (vec![0u64; n], 0);
-            for (i, (row_total, row)) in tl.rows.iter().enumerate() {
-                let span = i as u64 * step_us..(i as u64 + 1) * step_us;
-                let (mut want, mut want_total) = (now.clone(), now_total);
-                for &(_, tot, p, live) in seen.iter().filter(|e| span.contains(&e.0)) {
-                    (now[p], now_total) = (live, tot);
-                    want[p] = want[p].max(live);
-                    want_total = want_total.max(tot);
-                }
-                assert_eq!(*row_total, want_total, "{n} processes, step {i}");
-                assert_eq!(row, &want, "{n} processes, step {i}");
-            }
+            assert_rows(&tl, &seen, vec![0u64; n], 0);
         }
+    }
+
+    /// A window opening in an odd step (the fourth of 1 ms): the rows start at its step,
+    /// with the heap as it opens; once the steps are made longer (three times, for 4,096
+    /// processes), each row still holds its step's largest values from the window's start,
+    /// and the first row is the step that holds it.
+    #[test]
+    fn a_window_keeps_its_steps_from_its_start() {
+        let n = 4096;
+        let mut tl = Timeline {
+            step_us: 1000,
+            ..Timeline::default()
+        };
+        let mut ps = vec![ProcessState::default(); n];
+        for (p, s) in ps.iter_mut().enumerate() {
+            s.live = 1000 + p as u64 % 7;
+        }
+        let entering: Vec<u64> = ps.iter().map(|s| s.live).collect();
+        let entering_total = entering.iter().sum();
+        tl.open_at(3_500, entering_total, &ps);
+        let seen = record(&mut tl, &mut ps, 4, 3000);
+        assert_eq!((tl.step_us, tl.first, tl.rows.len()), (8000, 0, 250));
+        assert_rows(&tl, &seen, entering, entering_total);
     }
 }

@@ -276,13 +276,10 @@ fn site_json(r: &SiteRow, callers: Vec<Value>) -> Value {
 fn chart_data(a: &Analysis, series: usize) -> Value {
     let t = a.timeline();
     let step = t.step_us.max(1);
-    let (from, to) = a.window_us();
-    let first = from.map_or(0, |f| (f.saturating_sub(t.start_us) / step) as usize);
-    let last = to.map_or(usize::MAX, |e| {
-        (e.saturating_sub(t.start_us) / step) as usize
-    });
-    let rows = t.rows.get(first..=last.min(t.rows.len().saturating_sub(1)));
-    let rows = rows.unwrap_or(&[]);
+    // (the timeline holds the window only: from the step of its start, and no event past
+    // its end)
+    let first = t.first_step;
+    let rows = &t.rows[..];
     let ps = &t.processes;
     let apart = if ps.len() > series + 1 {
         series

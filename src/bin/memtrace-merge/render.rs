@@ -339,8 +339,11 @@ pub fn timeline_text(tl: &Timeline, coarsen: bool) -> String {
         let _ = write!(o, " {:>10}", format!("pid {}", p.pid));
     }
     let _ = writeln!(o);
+    // (a step of `step` starts where the first kept step does: coarse steps join the kept
+    // ones from there)
+    let from = tl.start_us + tl.first_step as u64 * tl.step_us;
     for (i, (total, ps)) in rows.iter().enumerate() {
-        let t0 = tl.start_us + i as u64 * step;
+        let t0 = from + i as u64 * step;
         let _ = write!(o, "{:>10} {:>10}", since(t0, tl.start_us), size(*total));
         for j in 0..tl.processes.len() {
             let _ = write!(o, " {:>10}", size(ps.get(j).copied().unwrap_or(0)));
@@ -362,8 +365,9 @@ pub fn timeline_csv(tl: &Timeline) -> String {
     }
     o.push_str(",marks\n");
     for (i, (total, ps)) in tl.rows.iter().enumerate() {
-        let t0 = tl.start_us + i as u64 * tl.step_us;
-        let _ = write!(o, "{:.6},{total}", (i as u64 * tl.step_us) as f64 / 1e6);
+        let offset = (tl.first_step + i) as u64 * tl.step_us;
+        let t0 = tl.start_us + offset;
+        let _ = write!(o, "{:.6},{total}", offset as f64 / 1e6);
         for j in 0..tl.processes.len() {
             let _ = write!(o, ",{}", ps.get(j).copied().unwrap_or(0));
         }
@@ -379,7 +383,7 @@ pub fn timeline_json(tl: &Timeline) -> String {
             let mut ps = ps.clone();
             ps.resize(tl.processes.len(), 0);
             json!({
-                "offset_s": (i as u64 * tl.step_us) as f64 / 1e6,
+                "offset_s": ((tl.first_step + i) as u64 * tl.step_us) as f64 / 1e6,
                 "total_bytes": total,
                 "process_bytes": ps,
             })
