@@ -160,6 +160,10 @@ fn refusals_and_damage() {
         // (the inputs hold events, but none the filter leaves)
         (vec!["top", "--domain", "5"], "(in domain 5)"),
         (vec!["top", "--to", "0"], "(up to --to)"),
+        (
+            vec!["top", "--mode", "at=2", "--to", "1"],
+            "outside the trace up to --to",
+        ),
     ] {
         let mut args = args.clone();
         let f = fork();

@@ -301,8 +301,14 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
             a.pass.last_time.unwrap_or(0),
         );
         if t < start_us.min(first) || t > last {
+            // (nothing after --to is read: its last event ends what --at may name)
+            let what = if opts.filter.to.is_some() {
+                "the trace up to --to"
+            } else {
+                "the trace"
+            };
             return Err(Error::NothingToAnalyse(format!(
-                "--at {:.6} s is outside the trace (+0 to +{:.6} s)",
+                "--at {:.6} s is outside {what} (+0 to +{:.6} s)",
                 (t as f64 - start_us as f64) / 1e6,
                 (last - start_us) as f64 / 1e6
             )));
