@@ -175,6 +175,17 @@ fn refusals_and_damage() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(o.stdout.is_empty());
     }
+    // (a step so short that the timeline would hold millions of rows: refused at once, as
+    // a usage error, before the pass ends)
+    let o = run(&["timeline", "--json", "--step", "0.001", &fork()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("--step 0.001 ms") && err.contains("longer step"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(o.stdout.is_empty());
     let t = data("truncated.ctf").display().to_string();
     let o = run(&["top", &t]);
     assert!(o.status.success());

@@ -189,6 +189,9 @@ pub(crate) struct Timeline {
     end: (u64, Vec<u64>),
     /// Where the last step ends (µs since the start).
     row_end: u64,
+    /// A fixed step would have made more steps than [`max_fixed_steps`]: none were kept
+    /// past them.
+    pub(crate) overflow: bool,
 }
 
 /// The largest number of steps kept before they are made twice as long.
@@ -205,12 +208,24 @@ fn max_steps(processes: usize) -> usize {
     (MAX_VALUES / processes.max(1)).clamp(MIN_STEPS, MAX_STEPS)
 }
 
+/// The steps of a step the caller fixed, at most: a step of a microsecond over an hour
+/// would be 3.6 G rows, held until the pass ends.
+pub(crate) const MAX_FIXED_STEPS: usize = 1 << 20;
+const MAX_FIXED_VALUES: usize = 1 << 24;
+
+/// The steps a timeline of `processes` with a fixed step keeps at most.
+pub(crate) fn max_fixed_steps(processes: usize) -> usize {
+    (MAX_FIXED_VALUES / processes.max(1)).clamp(MIN_STEPS, MAX_FIXED_STEPS)
+}
+
 impl Timeline {
     /// The heap after the events of microsecond `time` (never before the last one's);
     /// `dirty`: the processes they changed.
     #[inline]
     fn record(&mut self, time: u64, total: u64, processes: &[ProcessState], dirty: &[u32]) {
-        self.step_to(time, processes.len());
+        if !self.step_to(time, processes.len()) {
+            return;
+        }
         for &p in dirty {
             self.end.1[p as usize] = processes[p as usize].live;
         }
@@ -230,25 +245,33 @@ impl Timeline {
         self.end = (total, processes.iter().map(|p| p.live).collect());
         self.rows.clear();
         self.first = (from.saturating_sub(self.start_us) / self.step_us) as usize;
+        // (its first step: never past what a fixed step may keep)
         self.step_to(from, processes.len());
     }
 
-    /// The rows up to the step of `time` (µs since the epoch), made if new.
+    /// The rows up to the step of `time` (µs since the epoch), made if new; false past
+    /// what a fixed step may keep.
     #[inline]
-    fn step_to(&mut self, time: u64, processes: usize) {
+    fn step_to(&mut self, time: u64, processes: usize) -> bool {
         let t = time.saturating_sub(self.start_us);
         if self.rows.is_empty() || t >= self.row_end {
-            self.new_row(t, processes);
+            return self.new_row(t, processes);
         }
+        true
     }
 
-    /// The steps up to the one of `t` (µs since the start), which becomes the last.
-    fn new_row(&mut self, t: u64, processes: usize) {
+    /// The steps up to the one of `t` (µs since the start), which becomes the last; false
+    /// (and none made) past what a fixed step may keep.
+    fn new_row(&mut self, t: u64, processes: usize) -> bool {
         let mut i = (t / self.step_us) as usize;
         let most = max_steps(processes);
         while !self.fixed && i.saturating_sub(self.first) >= most {
             self.coarsen();
             i = (t / self.step_us) as usize;
+        }
+        if self.fixed && i.saturating_sub(self.first) >= max_fixed_steps(processes) {
+            self.overflow = true;
+            return false;
         }
         self.end.1.resize(processes, 0);
         while self.first + self.rows.len() <= i {
@@ -256,6 +279,7 @@ impl Timeline {
             self.rows.push(self.end.clone());
         }
         self.row_end = (i as u64 + 1) * self.step_us;
+        true
     }
 
     fn coarsen(&mut self) {
@@ -480,6 +504,9 @@ pub(crate) fn run(
     let (tree, counted, ids) = feed.finish()?;
     r.pass.tree = tree;
     r.end_of_time();
+    if r.pass.timeline.overflow {
+        return Err(too_many_steps(&r.pass));
+    }
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
@@ -561,6 +588,9 @@ impl Replay {
                 }
                 if self.now != Some(time) {
                     self.end_of_time();
+                    if self.pass.timeline.overflow {
+                        return Err(too_many_steps(&self.pass));
+                    }
                     if let Some(f) = self.from {
                         if self.now.is_some_and(|n| n < f) && time >= f {
                             self.enter_window(f);
@@ -695,6 +725,17 @@ fn settle(cells: &mut [LiveCell], at: &mut [u64], touched: &mut Vec<u32>, which:
     touched.clear();
 }
 
+/// The error of a fixed step that makes more steps than a timeline keeps.
+fn too_many_steps(pass: &Pass) -> Error {
+    let tl = &pass.timeline;
+    Error::Usage(format!(
+        "--step {} ms: more than {} steps of {} processes; give a longer step",
+        tl.step_us as f64 / 1000.0,
+        max_fixed_steps(pass.processes.len()),
+        pass.processes.len()
+    ))
+}
+
 /// Whether `live` at `t` is a new peak (the first value is one); records it.
 fn new_peak(live: u64, peak: &mut u64, peak_time: &mut Option<u64>, t: u64) -> bool {
     let new = live > *peak || peak_time.is_none();
@@ -768,6 +809,26 @@ mod tests {
             );
             assert_rows(&tl, &seen, vec![0u64; n], 0);
         }
+    }
+
+    /// A fixed step keeps its steps up to [`max_fixed_steps`], and past them says so and
+    /// makes no row (a step of 1 µs over seconds would be millions).
+    #[test]
+    fn a_fixed_step_keeps_no_row_past_its_limit() {
+        let n = 4;
+        let most = max_fixed_steps(n);
+        assert_eq!(most, MAX_FIXED_STEPS);
+        let mut tl = Timeline {
+            step_us: 1,
+            fixed: true,
+            ..Timeline::default()
+        };
+        let ps = vec![ProcessState::default(); n];
+        tl.record(most as u64 - 1, 7, &ps, &[0]);
+        assert_eq!((tl.rows.len(), tl.overflow), (most, false));
+        tl.record(most as u64, 8, &ps, &[0]);
+        assert_eq!((tl.rows.len(), tl.overflow), (most, true));
+        assert_eq!(tl.rows.last().map(|r| r.0), Some(7));
     }
 
     /// A window opening in an odd step (the fourth of 1 ms): the rows start at its step,

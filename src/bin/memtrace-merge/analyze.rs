@@ -205,7 +205,8 @@ pub struct TimelineArgs {
     #[arg(long)]
     pub json: bool,
     /// The step in milliseconds (default: 1 ms doubled until there are at most 1,024 steps,
-    /// fewer past 1,024 processes; the text table is coarser, at most 40 rows)
+    /// fewer past 1,024 processes; the text table is coarser, at most 40 rows). A step
+    /// given may make at most 1,048,576 steps (2^24 values in all)
     #[arg(long, value_name = "MS")]
     pub step: Option<f64>,
 }

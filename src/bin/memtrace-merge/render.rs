@@ -378,17 +378,6 @@ pub fn timeline_csv(tl: &Timeline) -> String {
 
 /// `timeline --json`: schema `memtrace-merge.timeline/1`.
 pub fn timeline_json(tl: &Timeline) -> String {
-    let steps: Vec<Value> = (tl.rows.iter().enumerate())
-        .map(|(i, (total, ps))| {
-            let mut ps = ps.clone();
-            ps.resize(tl.processes.len(), 0);
-            json!({
-                "offset_s": ((tl.first_step + i) as u64 * tl.step_us) as f64 / 1e6,
-                "total_bytes": total,
-                "process_bytes": ps,
-            })
-        })
-        .collect();
     let v = json!({
         "schema": "memtrace-merge.timeline/1",
         "start_time_us": tl.start_us,
@@ -399,9 +388,34 @@ pub fn timeline_json(tl: &Timeline) -> String {
             "end_bytes": tl.total.end_bytes,
         },
         "processes": tl.processes.iter().map(|p| process_json(p, tl.start_us)).collect::<Vec<_>>(),
-        "steps": steps,
+        "steps": [],
     });
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    // (the steps, up to millions, written a line each rather than made values first: a
+    // value a step took some 2 KB)
+    if let Some(at) = s.rfind("[]") {
+        s.truncate(at);
+        s.push('[');
+        for (i, (total, ps)) in tl.rows.iter().enumerate() {
+            let offset = ((tl.first_step + i) as u64 * tl.step_us) as f64 / 1e6;
+            let offset = serde_json::to_string(&offset).unwrap_or_default();
+            let _ = write!(
+                s,
+                "{}\n    {{\"offset_s\": {offset}, \"total_bytes\": {total}, \"process_bytes\": [",
+                if i == 0 { "" } else { "," }
+            );
+            for j in 0..tl.processes.len() {
+                let sep = if j == 0 { "" } else { ", " };
+                let _ = write!(s, "{sep}{}", ps.get(j).copied().unwrap_or(0));
+            }
+            s.push_str("]}");
+        }
+        s.push_str(if tl.rows.is_empty() {
+            "]\n}"
+        } else {
+            "\n  ]\n}"
+        });
+    }
     s.push('\n');
     s
 }
