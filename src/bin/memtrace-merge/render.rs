@@ -392,7 +392,7 @@ pub fn timeline_json(tl: &Timeline) -> String {
     });
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
     // (the steps, up to millions, written a line each rather than made values first: a
-    // value a step took some 2 KB)
+    // value a step takes many times the memory of its text)
     if let Some(at) = s.rfind("[]") {
         s.truncate(at);
         s.push('[');
