@@ -154,22 +154,21 @@ impl NodeStats {
 
     /// The objects `bytes` of this cell's allocations stand for (an estimate).
     pub(crate) fn objects_in(&self, bytes: u64) -> f64 {
-        let a = &self.seen;
-        if a.bytes == 0 {
-            0.0
-        } else {
-            a.objects * bytes as f64 / a.bytes as f64
-        }
+        self.share_of(self.seen.objects, bytes)
     }
 
-    /// The samples `bytes` of this cell's allocations stand for (at the ratio of all it
-    /// allocated up to the window's end, as [`NodeStats::objects_in`]).
+    /// The samples `bytes` of this cell's allocations stand for.
     pub(crate) fn samples_in(&self, bytes: u64) -> f64 {
-        let a = &self.seen;
-        if a.bytes == 0 {
+        self.share_of(self.seen.samples as f64, bytes)
+    }
+
+    /// The part of `whole` (objects or samples of all it allocated up to the window's
+    /// end) that `bytes` of it stand for, at the ratio of those allocations.
+    fn share_of(&self, whole: f64, bytes: u64) -> f64 {
+        if self.seen.bytes == 0 {
             0.0
         } else {
-            a.samples as f64 * bytes as f64 / a.bytes as f64
+            whole * bytes as f64 / self.seen.bytes as f64
         }
     }
 }
@@ -239,12 +238,16 @@ impl Timeline {
         }
     }
 
-    /// The steps kept from the one of `from` (µs since the epoch), which starts with the
-    /// heap as the window opens: `total` and each process's live bytes.
+    /// Keep the steps from the one of `from` (µs since the epoch) on, recording nothing
+    /// before it.
+    fn keep_from(&mut self, from: u64) {
+        self.first = (from.saturating_sub(self.start_us) / self.step_us) as usize;
+    }
+
+    /// The first step of the window of [`Timeline::keep_from`] at `from`, which starts
+    /// with the heap as the window opens: `total` and each process's live bytes.
     fn open_at(&mut self, from: u64, total: u64, processes: &[ProcessState]) {
         self.end = (total, processes.iter().map(|p| p.live).collect());
-        self.rows.clear();
-        self.first = (from.saturating_sub(self.start_us) / self.step_us) as usize;
         // (its first step: never past what a fixed step may keep)
         self.step_to(from, processes.len());
     }
@@ -487,9 +490,7 @@ pub(crate) fn run(
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
     if let Some(f) = r.from {
-        // (the timeline's steps from the window's start)
-        let tl = &mut r.pass.timeline;
-        tl.first = (f.saturating_sub(start) / tl.step_us) as usize;
+        r.pass.timeline.keep_from(f);
     }
     let nstreams = streams.len();
     let batch = BatchLimit {
@@ -503,10 +504,7 @@ pub(crate) fn run(
     }
     let (tree, counted, ids) = feed.finish()?;
     r.pass.tree = tree;
-    r.end_of_time();
-    if r.pass.timeline.overflow {
-        return Err(too_many_steps(&r.pass));
-    }
+    r.end_of_time()?;
     if r.at.is_some() && r.at <= r.pass.last_time {
         r.take_at();
     }
@@ -587,10 +585,7 @@ impl Replay {
                     break;
                 }
                 if self.now != Some(time) {
-                    self.end_of_time();
-                    if self.pass.timeline.overflow {
-                        return Err(too_many_steps(&self.pass));
-                    }
+                    self.end_of_time()?;
                     if let Some(f) = self.from {
                         if self.now.is_some_and(|n| n < f) && time >= f {
                             self.enter_window(f);
@@ -605,9 +600,10 @@ impl Replay {
     }
 
     /// The heap as all events of the current microsecond left it: a candidate peak and a
-    /// point of the timeline; then `--at`'s figures if the next event is past it.
-    fn end_of_time(&mut self) {
-        let Some(t) = self.now else { return };
+    /// point of the timeline; then `--at`'s figures if the next event is past it. An error
+    /// once a fixed step has made more steps than a timeline keeps.
+    fn end_of_time(&mut self) -> Result<()> {
+        let Some(t) = self.now else { return Ok(()) };
         self.checkpoint(t);
         let p = &mut self.pass;
         if self.from.is_none_or(|f| t >= f) {
@@ -619,6 +615,10 @@ impl Replay {
         self.dirty.clear();
         p.first_time.get_or_insert(t);
         p.last_time = Some(t);
+        if p.timeline.overflow {
+            return Err(too_many_steps(p));
+        }
+        Ok(())
     }
 
     /// The heap as the window opens at `from` (what the events before it left) is a
@@ -848,6 +848,7 @@ mod tests {
         }
         let entering: Vec<u64> = ps.iter().map(|s| s.live).collect();
         let entering_total = entering.iter().sum();
+        tl.keep_from(3_500);
         tl.open_at(3_500, entering_total, &ps);
         let seen = record(&mut tl, &mut ps, 4, 3000);
         assert_eq!((tl.step_us, tl.first, tl.rows.len()), (8000, 0, 250));
