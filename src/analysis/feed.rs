@@ -390,9 +390,23 @@ pub(crate) struct BatchLimit {
 /// Streams whose new cells may wait for the tree's lock, at most ([`Decoding::may_hold`]).
 const HOLDING_STREAMS: usize = 64;
 
-/// Batches decoded ahead of the one being replayed, a stream, at most: enough that the
+/// Batches decoded ahead of the one being replayed, a stream, at least: enough that the
 /// decoding threads have work while the pass replays (else a core idles).
 const AHEAD: usize = 2;
+
+/// ... and at most, while all streams' batches of events in flight stay within
+/// [`AHEAD_EVENTS`]: with few streams, those that are read fast are decoded further ahead
+/// while the pass waits on a slower one, rather than the threads idling.
+const MOST_AHEAD: usize = 4;
+
+/// Events that may be decoded ahead, in all streams, for more than [`AHEAD`] batches a
+/// stream.
+const AHEAD_EVENTS: usize = 1 << 19;
+
+/// Batches a stream may have decoded ahead, of `events` each, when there are `streams`.
+fn batches_ahead(events: usize, streams: usize) -> usize {
+    (AHEAD_EVENTS / (events.max(1) * streams.max(1))).clamp(AHEAD, MOST_AHEAD)
+}
 
 /// A stream's next batch to decode, with the buffer to decode it into.
 struct Job {
@@ -537,6 +551,8 @@ pub(crate) struct Feed {
     placement: Arc<Placement>,
     queues: Vec<Queue>,
     batch: BatchLimit,
+    /// Batches a stream may have decoded ahead ([`AHEAD`], [`MOST_AHEAD`]).
+    ahead: usize,
     processes: usize,
     /// Damage met so far: (process, warning).
     pub(crate) warnings: Vec<(u32, String)>,
@@ -603,6 +619,7 @@ impl Feed {
             backtraces: backtraces.clone(),
             queues: Vec::new(),
             batch,
+            ahead: batches_ahead(batch.events, streams.len()),
             processes,
             warnings: Vec::new(),
         };
@@ -636,10 +653,10 @@ impl Feed {
     }
 
     /// Queue stream `i`'s next batch for decoding, if it is not being decoded and fewer than
-    /// [`AHEAD`] wait.
+    /// [`Feed::ahead`] wait.
     fn submit(&mut self, i: usize) {
         let q = &mut self.queues[i];
-        if q.decoded || q.next.len() >= AHEAD {
+        if q.decoded || q.next.len() >= self.ahead {
             return;
         }
         if let Some(state) = q.home.take() {
@@ -789,6 +806,25 @@ mod tests {
             sizes.push(b.events.len());
             if b.end {
                 return (events, sizes);
+            }
+        }
+    }
+
+    /// Streams past [`AHEAD`] batches ahead only while all of them hold no more than
+    /// [`AHEAD_EVENTS`] decoded ahead; a few streams get [`MOST_AHEAD`].
+    #[test]
+    fn few_streams_are_decoded_further_ahead_within_a_bound() {
+        assert_eq!(batches_ahead(8192, 5), MOST_AHEAD);
+        assert_eq!(batches_ahead(64, 4000), AHEAD);
+        for streams in 1..300 {
+            let events = ((1 << 18) / streams).clamp(64, 8192);
+            let ahead = batches_ahead(events, streams);
+            assert!((AHEAD..=MOST_AHEAD).contains(&ahead));
+            if ahead > AHEAD {
+                assert!(
+                    ahead * events * streams <= AHEAD_EVENTS,
+                    "{streams} streams"
+                );
             }
         }
     }

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Events decoded from a stream at a time, at most (fewer when there are many streams, so
-/// that the batches in flight, two a stream, stay within a few MiB).
+/// that the batches in flight, two a stream then, stay within a few MiB).
 const BATCH: usize = 8192;
 
 /// Frames past the common prefixes a batch takes in, at most (and one allocation's more):
