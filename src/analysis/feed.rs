@@ -182,7 +182,7 @@ impl Decoding {
             bytes_of: s.bytes_of,
             path: Path::default(),
             backtraces,
-            cells: StreamCells::default(),
+            cells: StreamCells::new(s.process, s.domain),
             by_key: CellTable::default(),
             table: LocationTable::default(),
             allocated: Vec::new(),
@@ -235,8 +235,6 @@ impl EventSink for Sink<'_> {
                     Some(&v) => v,
                     None => {
                         let v = s.cells.new_cell(
-                            s.process,
-                            s.domain,
                             source,
                             &s.path,
                             backtrace,

@@ -40,6 +40,9 @@ pub(crate) struct Backtraces {
 /// A stream's cells, while it is read.
 #[derive(Default)]
 pub(crate) struct StreamCells {
+    /// The stream's process and domain, every cell's.
+    process: u32,
+    domain: u16,
     cells: Vec<Cell>,
     /// The id of each.
     numbers: Vec<u32>,
@@ -257,15 +260,21 @@ impl Backtraces {
 }
 
 impl StreamCells {
-    /// A new cell: an allocation of `process` in `domain` of kind `source` at `backtrace`,
-    /// which [`Path::fingerprint`] has just made `path`'s (its node is made when `new`
-    /// is next interned, in `backtraces`); its id from `ids`. Returns the id and its index
-    /// among the stream's cells.
-    #[allow(clippy::too_many_arguments)]
+    /// The cells of a stream of `process` in `domain`, none yet.
+    pub(crate) fn new(process: u32, domain: u16) -> StreamCells {
+        StreamCells {
+            process,
+            domain,
+            ..StreamCells::default()
+        }
+    }
+
+    /// A new cell: an allocation of the stream's of kind `source` at `backtrace`, which
+    /// [`Path::fingerprint`] has just made `path`'s (its node is made when `new` is next
+    /// interned, in `backtraces`); its id from `ids`. Returns the id and its index among
+    /// the stream's cells.
     pub(crate) fn new_cell(
         &mut self,
-        process: u32,
-        domain: u16,
         source: AllocSource,
         path: &Path,
         backtrace: &[LocationCode],
@@ -277,8 +286,8 @@ impl StreamCells {
         let id = ids.next();
         self.cells.push(Cell {
             node: NONE,
-            process,
-            domain,
+            process: self.process,
+            domain: self.domain,
             source,
         });
         self.numbers.push(id);
@@ -575,7 +584,7 @@ mod tests {
             // (as a reader gives them: the frames shared with the previous one)
             let common = previous.iter().zip(bt).take_while(|(a, b)| a == b).count();
             p.fingerprint(common, bt);
-            cells.new_cell(0, 0, AllocSource::Minor, &p, bt, &mut ids, &mut new, &t);
+            cells.new_cell(AllocSource::Minor, &p, bt, &mut ids, &mut new, &t);
             previous = bt;
             for k in 1..=bt.len() {
                 prefixes.insert(bt[..k].to_vec());
@@ -590,8 +599,7 @@ mod tests {
         let mut q = Path::default();
         for (bt, &n) in bts.iter().zip(&nodes).rev() {
             q.fingerprint(0, bt);
-            let (_, local) =
-                other.new_cell(0, 0, AllocSource::Major, &q, bt, &mut ids, &mut new, &t);
+            let (_, local) = other.new_cell(AllocSource::Major, &q, bt, &mut ids, &mut new, &t);
             other.intern_new(&mut new, &t, Wait::Always);
             assert_eq!(other.cells[local as usize].node, n);
         }
@@ -603,7 +611,7 @@ mod tests {
         let guard = t.lock().unwrap();
         for bt in &bts {
             r.fingerprint(0, bt);
-            third.new_cell(0, 0, AllocSource::Minor, &r, bt, &mut ids, &mut new, &t);
+            third.new_cell(AllocSource::Minor, &r, bt, &mut ids, &mut new, &t);
         }
         third.intern_new(&mut new, &t, Wait::IfMany);
         third.hold(&mut new);
