@@ -268,6 +268,45 @@ fn an_unwritable_output_is_refused_before_any_work() {
     }
 }
 
+/// An output that is a trace of an input directory (by its name, or through a link) is
+/// refused before any work and left as it was; a new file there is written.
+#[test]
+fn a_trace_of_an_input_directory_is_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let traces = dir.path().join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    for f in ["child-1.ctf", "child-2.ctf"] {
+        std::fs::copy(data("fork").join(f), traces.join(f)).unwrap();
+    }
+    let kept = traces.join("child-1.ctf");
+    let before = std::fs::read(&kept).unwrap();
+    let link = dir.path().join("link.svg");
+    std::os::unix::fs::symlink(&kept, &link).unwrap();
+    let t = traces.display().to_string();
+    for out in [kept.clone(), link] {
+        let o = out.display().to_string();
+        for args in [
+            vec!["report", "-o", &o, &t],
+            vec!["flamegraph", "-o", &o, &t],
+            vec!["flamegraph", "--folded", "-o", &o, &t],
+            vec!["export", "-o", &o, &t],
+        ] {
+            let r = run(&args);
+            assert_eq!(r.status.code(), Some(2), "{args:?}");
+            let err = String::from_utf8(r.stderr).unwrap();
+            assert!(
+                err.contains("is the input") && err.contains("child-1.ctf"),
+                "{args:?}: {err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert_eq!(std::fs::read(&kept).unwrap(), before, "{args:?}");
+        }
+    }
+    let new = traces.join("new.svg");
+    stdout(&["flamegraph", "-o", new.to_str().unwrap(), &t]);
+    assert!(std::fs::read_to_string(&new).unwrap().contains("<svg"));
+}
+
 /// Outputs do not depend on the decoding threads' timing: the same inputs give the same
 /// bytes run after run (a pprof profile lists its samples in the order of the cells, which
 /// the threads number as they meet them).

@@ -246,7 +246,7 @@ pub fn check_output(output: &Path, inputs: &[PathBuf]) -> Result<()> {
 
 fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
     let target = resolve_output(output, false)?;
-    if let Some(i) = inputs.iter().find(|i| target.is(i)) {
+    if let Some(i) = input_at(&target, inputs) {
         return Err(Error::Usage(format!(
             "{}: the output is the input {}; refused (it would be overwritten)",
             output.display(),
@@ -254,6 +254,26 @@ fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
         )));
     }
     Ok(target)
+}
+
+/// The input that `target` is, if any: one of `inputs`, or one of the traces (`.ctf`
+/// files) of a directory among them, which is read as its traces.
+fn input_at(target: &Target, inputs: &[PathBuf]) -> Option<PathBuf> {
+    for i in inputs {
+        if target.is(i) {
+            return Some(i.clone());
+        }
+        if let Ok(entries) = std::fs::read_dir(i) {
+            let traces = (entries.flatten().map(|e| e.path()))
+                .filter(|q| q.extension().is_some_and(|x| x == "ctf"));
+            for q in traces {
+                if target.is(&q) {
+                    return Some(q);
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Write a report (an SVG, a profile) to `output` as a merge writes its trace: a file is
