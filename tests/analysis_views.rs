@@ -230,3 +230,35 @@ fn the_timeline_is_the_window() {
         }
     }
 }
+
+/// `--domain`: each domain's figures add up to the process's. A domain's objects collected
+/// by another (OCaml 5 hands a terminated domain's blocks over) are collected in its
+/// figures too, so that its heap at the end is not overstated.
+#[test]
+fn the_domains_add_up_to_their_process() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for name in ["ocaml5/perdomain.ctf", "ocaml5/handover/many.ctf"] {
+        let input = [data.join(name)];
+        let all = analyze(&input, &AnalysisOptions::default())
+            .unwrap()
+            .total();
+        let (mut allocations, mut allocated, mut end, mut domains) = (0, 0, 0, 0);
+        for d in 0..=u16::MAX {
+            let mut opts = AnalysisOptions::default();
+            opts.filter.domain = Some(d);
+            let Ok(a) = analyze(&input, &opts) else {
+                // (domains are numbered from 0 up: past the last, none)
+                break;
+            };
+            let t = a.total();
+            allocations += t.allocations;
+            allocated += t.allocated_bytes;
+            end += t.end_bytes;
+            domains += 1;
+        }
+        assert!(domains >= 5, "{name}: {domains} domains");
+        assert_eq!(allocations, all.allocations, "{name}");
+        assert_eq!(allocated, all.allocated_bytes, "{name}");
+        assert_eq!(end, all.end_bytes, "{name}: the heap at the end");
+    }
+}

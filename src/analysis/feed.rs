@@ -61,6 +61,10 @@ pub(crate) struct Counting {
     /// The window (µs since the epoch).
     pub(crate) from: Option<u64>,
     pub(crate) to: Option<u64>,
+    /// The stream's allocations are in the domain `--domain` keeps (or it keeps all): the
+    /// others are left out, but their collects, of objects that another domain of the
+    /// process may have allocated, are read.
+    pub(crate) in_domain: bool,
     pub(crate) source: Option<AllocSource>,
     pub(crate) min_size: Option<u64>,
     pub(crate) max_size: Option<u64>,
@@ -68,7 +72,8 @@ pub(crate) struct Counting {
 
 impl Counting {
     fn keeps(&self, source: AllocSource, size: u64) -> bool {
-        self.source.is_none_or(|s| s == source)
+        self.in_domain
+            && self.source.is_none_or(|s| s == source)
             && self.min_size.is_none_or(|m| size >= m)
             && self.max_size.is_none_or(|m| size <= m)
     }

@@ -65,7 +65,9 @@ pub struct Filter {
     pub from: Option<TimeSpec>,
     /// The end of the window: nothing after it is read, so "at the end" means at `to`.
     pub to: Option<TimeSpec>,
-    /// Only this domain (OCaml 5).
+    /// Only the allocations of this domain (OCaml 5). Their collects are taken from
+    /// every domain of the process: OCaml 5 collects the blocks of a domain that ended in
+    /// another.
     pub domain: Option<u16>,
     /// Only allocations of this kind.
     pub source: Option<AllocSource>,

@@ -373,11 +373,14 @@ pub(super) fn open(
         } else {
             vec![0]
         };
+        // (a process without the domain `--domain` keeps has none of its allocations;
+        // one with it is read whole: OCaml 5 collects a block in another domain than the
+        // one that allocated it when that one has terminated)
+        if filter.domain.is_some_and(|want| !domains.contains(&want)) {
+            continue;
+        }
         let mut first = Some(r);
         for d in domains {
-            if filter.domain.is_some_and(|want| want != d) {
-                continue;
-            }
             let mut r = match first.take() {
                 Some(r) => r,
                 None => open_as(&pool, path, name, read)?,
@@ -395,6 +398,7 @@ pub(super) fn open(
                     word_bytes: u64::from(info.word_size.max(8) / 8),
                     from: None,
                     to: None,
+                    in_domain: filter.domain.is_none_or(|want| want == d),
                     source: filter.source,
                     min_size: filter.min_size,
                     max_size: filter.max_size,

@@ -29,7 +29,8 @@ pub struct Filters {
     /// Allocations up to this time (as --from)
     #[arg(long, value_parser = time_spec)]
     pub to: Option<TimeSpec>,
-    /// Only this domain (OCaml 5)
+    /// Only the allocations of this domain (OCaml 5); their collects count in whichever
+    /// domain wrote them
     #[arg(long)]
     pub domain: Option<u16>,
     /// Only allocations of this kind
