@@ -615,6 +615,13 @@ fn secs(t: Option<u64>, start: u64) -> String {
 /// totals, the combined and each process's peak, the end, and the Alloc/Peak/End tables by
 /// function and by location, the run's and each process's (Peak: at its own peak).
 fn check(what: &str, a: &Analysis, traces: &[&Trace], r: &Replay) {
+    let start = traces.iter().map(|t| t.info.start_us).min().unwrap();
+    check_from(what, a, traces, r, start)
+}
+
+/// [`check`], the times since `start` (the earliest start of all inputs, of those the
+/// filter left out too).
+fn check_from(what: &str, a: &Analysis, traces: &[&Trace], r: &Replay, start: u64) {
     let ps = a.processes();
     assert_eq!(ps.len(), traces.len(), "{what}: processes");
     for (p, (s, t)) in ps.iter().zip(traces).enumerate() {
@@ -636,7 +643,6 @@ fn check(what: &str, a: &Analysis, traces: &[&Trace], r: &Replay) {
         );
         assert_eq!(s.end_bytes, sum(&r.at_end, Some(p)), "{w}: end");
     }
-    let start = traces.iter().map(|t| t.info.start_us).min().unwrap();
     assert_eq!(a.start_us(), start, "{what}: start");
     let total = a.total();
     let alloc = |i: usize| r.allocated.iter().map(|a| [a.0, a.1, a.2][i]).sum::<u64>();
@@ -943,10 +949,10 @@ fn fork_merged_with_process_tags_agrees_per_process() {
 // ---------------------------------------------------------------------------------------
 // Filters
 
-/// `--pid` of child-2 given all five traces, `--source major`, `--from 1 --to 2` (seconds
-/// after child-2's start, the earliest start of what the pid filter keeps): against the
-/// replay of child-2's dump with the same filters. Child-2 allocates 300,000-word arrays
-/// in the major heap (several samples each).
+/// `--pid` of child-2 given all five traces, `--source major`, `--from 1.8 --to 2.8`
+/// (seconds after the earliest start of all five, the parent's, which `--pid` does not
+/// move): against the replay of child-2's dump with the same filters. Child-2 allocates
+/// 300,000-word arrays in the major heap (several samples each).
 #[test]
 fn filtered_fork_child_agrees_with_a_replay_of_its_dump() {
     let clock = Instant::now();
@@ -955,27 +961,31 @@ fn filtered_fork_child_agrees_with_a_replay_of_its_dump() {
         filter: Filter {
             pids: vec![t.info.pid],
             source: Some(AllocSource::Major),
-            from: Some(TimeSpec::SinceStart(1.0)),
-            to: Some(TimeSpec::SinceStart(2.0)),
+            from: Some(TimeSpec::SinceStart(1.8)),
+            to: Some(TimeSpec::SinceStart(2.8)),
             ..Filter::default()
         },
         ..AnalysisOptions::default()
     };
     let a = analyze(&fork_inputs(), &opts).unwrap();
-    let start = t.info.start_us;
+    let start = (["parent", "child-1", "child-2", "child-3", "child-4"].iter())
+        .map(|n| read_info(&format!("fork/{n}")).start_us)
+        .min()
+        .unwrap();
+    assert!(start < t.info.start_us);
     let w = Window {
         source: Some(AllocSource::Major),
-        from: Some(start + 1_000_000),
-        to: Some(start + 2_000_000),
+        from: Some(start + 1_800_000),
+        to: Some(start + 2_800_000),
     };
     let r = replay(&[&t], w);
     // (the filters leave something to compare: major allocations in the window, a heap)
     assert!(r.allocated[0].0 > 0 && r.peak.bytes > 0);
-    check("fork/child-2 filtered", &a, &[&t], &r);
+    check_from("fork/child-2 filtered", &a, &[&t], &r, start);
     // (the timeline's first step holds the window's start)
     let tl = a.timeline();
     let first = tl.start_us + tl.first_step as u64 * tl.step_us;
-    assert!(first <= start + 1_000_000 && start + 1_000_000 < first + tl.step_us);
+    assert!(first <= start + 1_800_000 && start + 1_800_000 < first + tl.step_us);
     let entering = r.entering.unwrap();
     eprintln!(
         "  the heap entering the window: {entering} B (peak in it {} B at {}); {} B \

@@ -333,3 +333,45 @@ fn outputs_are_the_same_run_after_run() {
     assert!(profiles.iter().all(|p| p == &profiles[0]));
     assert!(folded.iter().all(|f| f == &folded[0]));
 }
+
+/// `--pid` keeps the origin of times (the earliest start of all the inputs): a process's
+/// peak is at the same time with and without it, and a time taken from the whole run
+/// names the same moment. A merge, which does not tell its processes apart, is refused
+/// for any pid it holds, rather than have one pid stand for all of them.
+#[test]
+fn pid_keeps_the_times_and_refuses_a_merge() {
+    let peak_of = |args: &[&str], pid: u64| -> (u64, u64) {
+        let j: Value = serde_json::from_str(&stdout(args)).unwrap();
+        let start = j["start_time_us"].as_u64().unwrap();
+        let p = (j["processes"].as_array().unwrap().iter())
+            .find(|p| p["pid"] == pid)
+            .unwrap()
+            .clone();
+        (start, p["peak_time_us"].as_u64().unwrap())
+    };
+    let f = fork();
+    let whole = peak_of(&["top", "--json", &f], 14497);
+    assert_eq!(
+        peak_of(&["top", "--json", "--pid", "14497", &f], 14497),
+        whole
+    );
+    // (the process's peak, in seconds since the start)
+    let at = format!("at={}", (whole.1 - whole.0) as f64 / 1e6);
+    let t = stdout(&["top", "--mode", &at, "--pid", "14497", &f]);
+    assert!(t.contains("pid") && t.contains("14497"), "{t}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("merged.ctf");
+    stdout(&["merge", "-q", "-o", merged.to_str().unwrap(), &f]);
+    for pid in ["14495", "14496"] {
+        let o = run(&["top", "--pid", pid, merged.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(1), "--pid {pid}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert!(
+            err.contains(&format!("--pid {pid}")) && err.contains("a merge of 5 processes"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(o.stdout.is_empty());
+    }
+}

@@ -796,8 +796,9 @@ mod tests {
     /// A stream's events, and the length of each batch.
     fn batches(path: &std::path::Path, limit: BatchLimit) -> (Vec<Got>, Vec<usize>) {
         let names = [path.to_path_buf()];
-        let (_, mut streams) =
-            super::super::replay::open(&names, &names, &Filter::default()).expect("opens");
+        let mut streams = (super::super::replay::open(&names, &names, &Filter::default()))
+            .expect("opens")
+            .streams;
         let mut s = Decoding::new(0, streams.remove(0), Arc::default());
         let mut ids = Ids::new(Arc::default());
         let mut new = NewCells::default();

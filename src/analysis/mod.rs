@@ -289,7 +289,7 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
             "no allocation, promote or collect in the inputs{scope}: nothing to analyse"
         )));
     }
-    let start_us = pass.processes.iter().map(|p| p.start_us).min().unwrap_or(0);
+    let start_us = pass.timeline.start_us;
     let a = Analysis {
         pass,
         opts: opts.clone(),

@@ -11,6 +11,7 @@ use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::format::location::LocationPool;
 use crate::merge::live::LiveObjects;
+use crate::merge::merged_pids;
 use crate::pipeline::decoder::{BUFFERED_STREAMS, READ_WINDOW};
 use crate::pipeline::files::{FilePool, LazyFile};
 use crate::reader::{scan_domains, Reader, READ_BUFFER};
@@ -321,13 +322,10 @@ pub(crate) struct Pass {
 }
 
 /// Open each input's streams (one a domain), skipping what the filter leaves out.
-pub(super) fn open(
-    names: &[PathBuf],
-    sources: &[PathBuf],
-    filter: &Filter,
-) -> Result<(Vec<ProcessState>, Vec<StreamSpec>)> {
+pub(super) fn open(names: &[PathBuf], sources: &[PathBuf], filter: &Filter) -> Result<Opened> {
     let mut processes = Vec::new();
     let mut streams = Vec::new();
+    let mut start: Option<u64> = None;
     let pool = FilePool::from_rlimit_share(1);
     // (as a merge reads them: several inputs share their location lists, and many read
     // a window of their packet at a time)
@@ -341,6 +339,18 @@ pub(super) fn open(
         };
         let r = open_as(&pool, path, name, read)?;
         let info = r.info().clone();
+        // (times are since the earliest start of all the inputs, whichever `--pid` keeps)
+        start = Some(start.map_or(info.start_time.0, |s| s.min(info.start_time.0)));
+        let merged = merged_pids(&info);
+        if let Some(p) = filter.pids.iter().find(|p| merged.contains(p)) {
+            // (a merge is one process to the analysis: its pid would stand for them all)
+            return Err(Error::NothingToAnalyse(format!(
+                "--pid {p}: {} is a merge of {} processes, which it does not tell apart; \
+                 give their own traces",
+                name.display(),
+                merged.len()
+            )));
+        }
         if !filter.pids.is_empty() && !filter.pids.contains(&info.pid) {
             continue;
         }
@@ -407,7 +417,19 @@ pub(super) fn open(
             });
         }
     }
-    Ok((processes, streams))
+    Ok(Opened {
+        processes,
+        streams,
+        start_us: start.unwrap_or(0),
+    })
+}
+
+/// The inputs opened for a pass: the processes the filter keeps, their streams, and the
+/// earliest start of all inputs (the origin of times given since the start).
+pub(super) struct Opened {
+    pub(super) processes: Vec<ProcessState>,
+    pub(super) streams: Vec<StreamSpec>,
+    pub(super) start_us: u64,
 }
 
 /// How an input is read: its location lists kept in a pool the readers share, and a
@@ -449,7 +471,11 @@ pub(crate) fn run(
     cancel: &Cancel,
 ) -> Result<Pass> {
     let filter = &opts.filter;
-    let (mut processes, mut streams) = open(names, sources, filter)?;
+    let Opened {
+        mut processes,
+        mut streams,
+        start_us: start,
+    } = open(names, sources, filter)?;
     // (each process's ring of live objects sized as a merge sizes its inputs': their
     // rings share a few MiB)
     let ring = (1 << 19) / processes.len().max(1);
@@ -461,7 +487,6 @@ pub(crate) fn run(
             "no input left: --pid names no process of the inputs".into(),
         ));
     }
-    let start = processes.iter().map(|p| p.start_us).min().unwrap_or(0);
     let mut r = Replay {
         pass: Pass {
             tree: Tree::default(),

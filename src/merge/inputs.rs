@@ -487,7 +487,7 @@ pub(super) fn merge_context(info: &TraceInfo) -> Option<&[u8]> {
 
 /// The pids of the traces an earlier merge holds, from the context it was given
 /// ([`describe_merge`]; none for another context).
-pub(super) fn merged_pids(info: &TraceInfo) -> Vec<u64> {
+pub(crate) fn merged_pids(info: &TraceInfo) -> Vec<u64> {
     merged_processes(info).into_iter().map(|p| p.0).collect()
 }
 

@@ -26,7 +26,7 @@ use attempt::merge_attempt;
 use inputs::prepare_inputs;
 
 pub use inputs::expand_inputs;
-pub(crate) use inputs::{gather_inputs, process_tag};
+pub(crate) use inputs::{gather_inputs, merged_pids, process_tag};
 pub use report::{format_report, format_warnings};
 
 use crate::error::Result;

@@ -19,7 +19,7 @@ pub struct Inputs {
 /// Which allocations count.
 #[derive(clap::Args, Clone)]
 pub struct Filters {
-    /// Only this process (repeatable)
+    /// Only this process (repeatable; times stay since the earliest start of all inputs)
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u64>,
     /// Allocations from this time: seconds since the earliest start (`2.5`), or since the
