@@ -352,6 +352,32 @@ fn truncated_inputs_merge_their_readable_parts() {
     }
 }
 
+/// Two copies of one trace, the first given cut short: the whole one is merged, the cut
+/// one named as the repeat (either order).
+#[test]
+fn of_two_copies_of_a_trace_the_longer_is_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = data("fork/child-1.ctf");
+    let cut = dir.path().join("cut.ctf");
+    let bytes = std::fs::read(&whole).unwrap();
+    std::fs::write(&cut, &bytes[..3000]).unwrap();
+    let full = merged(std::slice::from_ref(&whole), &MergeOptions::default())
+        .2
+        .allocs;
+    for inputs in [[cut.clone(), whole.clone()], [whole.clone(), cut.clone()]] {
+        let (_d, _, r) = merged(&inputs, &MergeOptions::default());
+        assert_eq!(r.allocs, full, "{inputs:?}");
+        assert_eq!(r.inputs.len(), 1);
+        assert_eq!(r.inputs[0].path, whole);
+        assert!(
+            (r.inputs[0].warnings.iter())
+                .any(|w| w.contains("cut.ctf is a trace of the same process")),
+            "{:?}",
+            r.inputs[0].warnings
+        );
+    }
+}
+
 #[test]
 fn long_and_external_time_wrap_and_external_allocations() {
     let r = merge_and_compare(

@@ -201,14 +201,29 @@ pub(super) fn drop_same_processes(
                 "a trace of the same process (the same pid, start time and first packet)"
             }
         };
+        let trace = matches!(process, Process::Trace(_));
         match seen.entry(process) {
-            Entry::Occupied(e) => {
-                keep[k] = false;
+            Entry::Occupied(mut e) => {
+                // (two copies of one trace: the longer is kept, a copy cut short or
+                // taken while the process ran having less of it)
+                let kept = *e.get();
+                let len = |i: usize| std::fs::metadata(&sources[i]).map_or(0, |m| m.len());
+                let (kept, left) = if trace && len(k) > len(kept) {
+                    e.insert(k);
+                    (keep[kept], keep[k]) = (false, true);
+                    for r in repeats.iter_mut().filter(|r| r.0 == kept) {
+                        r.0 = k;
+                    }
+                    (k, kept)
+                } else {
+                    keep[k] = false;
+                    (kept, k)
+                };
                 let note = format!(
                     "{} is {what}: merged once (--keep-duplicates merges both)",
-                    paths[k].display()
+                    paths[left].display()
                 );
-                repeats.push((*e.get(), note));
+                repeats.push((kept, note));
             }
             Entry::Vacant(e) => {
                 e.insert(k);
