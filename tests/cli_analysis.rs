@@ -186,6 +186,18 @@ fn refusals_and_damage() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(o.stdout.is_empty());
+    // (nothing readable: the damage is said in the one line)
+    let o = run(&[
+        "top",
+        data("bytecode-location-overflow.ctf").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("nothing to analyse") && err.contains("byte 280"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
     let t = data("truncated.ctf").display().to_string();
     let o = run(&["top", &t]);
     assert!(o.status.success());

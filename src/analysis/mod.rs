@@ -286,7 +286,8 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
             format!(" ({})", scope.join(", "))
         };
         return Err(Error::NothingToAnalyse(format!(
-            "no allocation, promote or collect in the inputs{scope}: nothing to analyse"
+            "no allocation, promote or collect in the inputs{scope}: nothing to analyse{}",
+            what_was_met(&g.arg_warnings, &pass)
         )));
     }
     let start_us = pass.timeline.start_us;
@@ -317,11 +318,36 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
         }
     }
     if a.processes().iter().all(|p| p.allocations == 0) {
-        return Err(Error::NothingToAnalyse(
-            "no allocation is left by the filters (--from/--to, --domain, --source, sizes)".into(),
-        ));
+        return Err(Error::NothingToAnalyse(format!(
+            "no allocation is left by the filters (--from/--to, --domain, --source, sizes){}",
+            what_was_met(&a.warnings, &a.pass)
+        )));
     }
     Ok(a)
+}
+
+/// The warnings of a pass that found nothing to analyse, for its one-line error: the damage
+/// or the inputs left out that may be why (`; warnings: ...`), or nothing.
+fn what_was_met(args: &[String], pass: &replay::Pass) -> String {
+    let mut all: Vec<String> = args.to_vec();
+    for p in &pass.processes {
+        let name = p.file.display().to_string();
+        for w in &p.warnings {
+            all.push(if w.starts_with(&name) {
+                w.clone()
+            } else {
+                format!("{name}: {w}")
+            });
+        }
+    }
+    const SHOWN: usize = 3;
+    let more = all.len().saturating_sub(SHOWN);
+    all.truncate(SHOWN);
+    match (all.len(), more) {
+        (0, _) => String::new(),
+        (_, 0) => format!("; warnings: {}", all.join("; ")),
+        _ => format!("; warnings: {}; and {more} more", all.join("; ")),
+    }
 }
 
 impl Analysis {
