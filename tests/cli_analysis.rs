@@ -186,6 +186,25 @@ fn refusals_and_damage() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(o.stdout.is_empty());
+    // (a profile's in-use values are at a time: `alloc` is no such time)
+    // (and usage errors are one line, as other refusals)
+    let f = fork();
+    for (args, says) in [
+        (
+            vec!["export", "--mode", "alloc", "-o", "-", &f],
+            "peak, end or at=T",
+        ),
+        (vec!["export", &f], "--output"),
+        (vec!["top", "--min-size", "1K", &f], "'1K'"),
+        (vec!["top", "--mode", "at=abc", &f], "at=T"),
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(o.stdout.is_empty());
+    }
     // (nothing readable: the damage is said in the one line)
     let o = run(&[
         "top",

@@ -99,6 +99,20 @@ pub fn mode_arg(s: &str) -> Result<ModeArg, String> {
     }
 }
 
+/// `export --mode`: when "in use" is taken, `peak`, `end` or `at=T` (a profile holds what
+/// was allocated whatever the mode).
+pub fn in_use_mode_arg(s: &str) -> Result<ModeArg, String> {
+    match mode_arg(s)? {
+        ModeArg {
+            mode: Mode::Alloc, ..
+        } => Err(format!(
+            "`{s}`: a profile always holds what was allocated; --mode says when in use is \
+             taken: peak, end or at=T"
+        )),
+        m => Ok(m),
+    }
+}
+
 fn time_spec(s: &str) -> Result<TimeSpec, String> {
     TimeSpec::parse(s).ok_or_else(|| {
         format!("`{s}`: expected seconds since the start (2.5) or since the epoch (@1700000000)")
@@ -311,7 +325,7 @@ pub struct ExportArgs {
     #[arg(short, long)]
     pub output: PathBuf,
     /// When "in use" is taken: at the run's peak, at the end, or at a time (at=T)
-    #[arg(long, value_parser = mode_arg, default_value = "peak")]
+    #[arg(long, value_parser = in_use_mode_arg, default_value = "peak")]
     pub mode: ModeArg,
 }
 

@@ -153,7 +153,23 @@ fn main() -> ExitCode {
     // A closed stdout or stderr (`info f | head -1`) ends the process quietly, as it does
     // `cat`; other write errors are one line and exit 2, never a panic.
     memtrace_merge::cli::default_broken_pipe_signal();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // (help, the version, and the help a bare command prints, as the parser gives them)
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            say(format_args!(
+                "memtrace-merge: {}",
+                one_line(&e.render().to_string())
+            ));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(code) => code,
         Err(memtrace_merge::Error::Cancelled) => {
@@ -173,6 +189,17 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A usage error of the parser as one line, as every refusal is: its first paragraph (the
+/// error and what it lists), without the usage and advice after it.
+fn one_line(text: &str) -> String {
+    let words: Vec<&str> = (text.lines())
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let line = words.join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_string()
 }
 
 /// A line on stderr; if stderr cannot be written, there is nobody to tell.
