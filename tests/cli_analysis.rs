@@ -154,7 +154,11 @@ fn flamegraph_writes_svg_and_folded() {
 #[test]
 fn refusals_and_damage() {
     for (args, says) in [
-        (vec!["top", "--mode", "at=99"], "--at 99"),
+        (vec!["top", "--mode", "at=99"], "--mode at=99"),
+        (
+            vec!["top", "--mode", "at=2", "--from", "3"],
+            "outside the window from --from (+3.000000 to",
+        ),
         (vec!["top", "--pid", "1"], "--pid"),
         (vec!["top", "--source", "external"], "filters"),
         // (the inputs hold events, but none the filter leaves)
@@ -197,6 +201,10 @@ fn refusals_and_damage() {
         (vec!["export", &f], "--output"),
         (vec!["top", "--min-size", "1K", &f], "'1K'"),
         (vec!["top", "--mode", "at=abc", &f], "at=T"),
+        (
+            vec!["top", "--from", "3", "--to", "2", &f],
+            "the window is empty",
+        ),
     ] {
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

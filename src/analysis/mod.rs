@@ -303,17 +303,25 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
             a.pass.first_time.unwrap_or(0),
             a.pass.last_time.unwrap_or(0),
         );
-        if t < start_us.min(first) || t > last {
-            // (nothing after --to is read: its last event ends what --at may name)
-            let what = if opts.filter.to.is_some() {
-                "the trace up to --to"
-            } else {
-                "the trace"
+        // (a window's figures are from its start on: a time before it is outside it)
+        let lower = match opts.filter.from {
+            Some(f) => f.absolute(start_us),
+            None => start_us.min(first),
+        };
+        if t < lower || t > last {
+            // (nothing after --to is read: its last event ends what at=T may name)
+            let what = match (opts.filter.from.is_some(), opts.filter.to.is_some()) {
+                (false, false) => "the trace",
+                (false, true) => "the trace up to --to",
+                (true, false) => "the window from --from",
+                (true, true) => "the window from --from to --to",
             };
+            let since = |t: u64| (t as f64 - start_us as f64) / 1e6;
             return Err(Error::NothingToAnalyse(format!(
-                "--at {:.6} s is outside {what} (+0 to +{:.6} s)",
-                (t as f64 - start_us as f64) / 1e6,
-                (last - start_us) as f64 / 1e6
+                "--mode at={:.6} s is outside {what} (+{:.6} to +{:.6} s)",
+                since(t),
+                since(lower),
+                since(last)
             )));
         }
     }

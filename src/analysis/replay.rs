@@ -518,6 +518,15 @@ pub(crate) fn run(
     for s in streams.iter_mut() {
         (s.counting.from, s.counting.to) = (r.from, r.to);
     }
+    if let (Some(f), Some(t)) = (r.from, r.to) {
+        if f > t {
+            return Err(Error::Usage(format!(
+                "--from +{:.6} s is after --to +{:.6} s: the window is empty",
+                (f - start.min(f)) as f64 / 1e6,
+                (t - start.min(t)) as f64 / 1e6
+            )));
+        }
+    }
     if let Some(f) = r.from {
         r.pass.timeline.keep_from(f);
     }

@@ -29,13 +29,14 @@ pub fn pprof_profile(a: &Analysis, mode: Mode) -> ProfileBuilder {
         (end.saturating_sub(a.start_us()) as i64).saturating_mul(1000),
     );
     let ps = a.processes();
+    let at = a.at_us().map_or(0, |t| t.saturating_sub(a.start_us()));
     b.add_comment(&format!(
         "memtrace-merge: {} process(es); in use = {}",
         ps.len(),
         match mode {
-            Mode::Peak => "at the peak of the run",
-            Mode::At => "at --at",
-            Mode::End | Mode::Alloc => "at the end",
+            Mode::Peak => "at the peak of the run".to_string(),
+            Mode::At => format!("at +{:.6} s", at as f64 / 1e6),
+            Mode::End | Mode::Alloc => "at the end".to_string(),
         }
     ));
     for s in a.stacks(mode) {
