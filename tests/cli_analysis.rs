@@ -205,6 +205,10 @@ fn refusals_and_damage() {
             vec!["top", "--from", "3", "--to", "2", &f],
             "the window is empty",
         ),
+        (
+            vec!["timeline", "--step", "0.0001", &f],
+            "--step 0.0001: shorter",
+        ),
     ] {
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

@@ -228,7 +228,13 @@ pub struct TimelineArgs {
 
 pub fn timeline(a: TimelineArgs) -> Result<(), Error> {
     let step_us = match a.step {
-        Some(ms) if ms.is_finite() && ms > 0.0 => Some((ms * 1000.0).round().max(1.0) as u64),
+        // (times are whole microseconds: a shorter step would be one of them, and named so)
+        Some(ms) if ms.is_finite() && ms * 1000.0 >= 0.5 => Some((ms * 1000.0).round() as u64),
+        Some(ms) if ms.is_finite() && ms > 0.0 => {
+            return Err(Error::Usage(format!(
+                "--step {ms}: shorter than a microsecond, the traces' resolution (0.001 ms)"
+            )))
+        }
         Some(ms) => return Err(Error::Usage(format!("--step {ms}: not a positive time"))),
         None => None,
     };

@@ -22,7 +22,28 @@ pub fn size(b: u64) -> String {
 
 /// A time as seconds since `start_us`: `+1.234 s`.
 pub fn since(t_us: u64, start_us: u64) -> String {
-    format!("+{:.3} s", t_us.saturating_sub(start_us) as f64 / 1e6)
+    since_to(t_us, start_us, 3)
+}
+
+/// [`since`] with `decimals` decimals of a second.
+fn since_to(t_us: u64, start_us: u64, decimals: usize) -> String {
+    format!(
+        "+{:.*} s",
+        decimals,
+        t_us.saturating_sub(start_us) as f64 / 1e6
+    )
+}
+
+/// Decimals of a second that tell steps of `step_us` apart: 3, or more for a step that is
+/// not a whole millisecond (1.5 ms: 4).
+fn step_decimals(step_us: u64) -> usize {
+    let mut d = 6;
+    let mut s = step_us.max(1);
+    while d > 3 && s.is_multiple_of(10) {
+        s /= 10;
+        d -= 1;
+    }
+    d
 }
 
 /// What a mode measures, in words: "live at the peak of the run (45.3 MiB at +1.234 s)".
@@ -329,9 +350,11 @@ pub fn timeline_text(tl: &Timeline, coarsen: bool) -> String {
         (1, tl.rows.clone())
     };
     let step = tl.step_us * k as u64;
+    let decimals = step_decimals(step);
     let _ = writeln!(
         o,
-        "\nlargest live heap in each step of {:.3} s:",
+        "\nlargest live heap in each step of {:.*} s:",
+        decimals,
         step as f64 / 1e6
     );
     let _ = write!(o, "{:>10} {:>10}", "from", "all");
@@ -344,7 +367,12 @@ pub fn timeline_text(tl: &Timeline, coarsen: bool) -> String {
     let from = tl.start_us + tl.first_step as u64 * tl.step_us;
     for (i, (total, ps)) in rows.iter().enumerate() {
         let t0 = from + i as u64 * step;
-        let _ = write!(o, "{:>10} {:>10}", since(t0, tl.start_us), size(*total));
+        let _ = write!(
+            o,
+            "{:>10} {:>10}",
+            since_to(t0, tl.start_us, decimals),
+            size(*total)
+        );
         for j in 0..tl.processes.len() {
             let _ = write!(o, " {:>10}", size(ps.get(j).copied().unwrap_or(0)));
         }
@@ -528,4 +556,25 @@ pub fn diff_json(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steps that are not whole milliseconds get the decimals that tell them apart.
+    #[test]
+    fn a_step_is_written_to_its_last_digit() {
+        for (step, d) in [
+            (1000, 3),
+            (2_000_000, 3),
+            (1500, 4),
+            (500, 4),
+            (1, 6),
+            (250, 5),
+        ] {
+            assert_eq!(step_decimals(step), d, "{step} µs");
+        }
+        assert_eq!(since_to(1_001_500, 1_000_000, 4), "+0.0015 s");
+    }
 }
