@@ -418,3 +418,35 @@ fn pid_keeps_the_times_and_refuses_a_merge() {
         assert!(o.stdout.is_empty());
     }
 }
+
+/// The text tables keep their columns for times past +999.999 s (two traces started
+/// 296,000 s apart): the processes' files under their heading, the timeline's steps
+/// aligned.
+#[test]
+fn long_times_keep_the_columns() {
+    let (a, b) = (data("fork/child-1.ctf"), data("ocaml5/domains.ctf"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let top = stdout(&["top", "-n", "0", a, b]);
+    let head = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("pid"))
+        .unwrap();
+    let at = head.find("file").unwrap();
+    let mut rows = 0;
+    for l in top.lines() {
+        for f in [a, b] {
+            if l.ends_with(f) {
+                assert_eq!(l.len() - f.len(), at, "{top}");
+                rows += 1;
+            }
+        }
+    }
+    assert_eq!(rows, 2, "{top}");
+    assert!(top.contains("+296574.566 s"), "{top}");
+    let tl = stdout(&["timeline", a, b]);
+    let ends: Vec<usize> = (tl.lines())
+        .filter(|l| l.trim_start().starts_with('+'))
+        .map(|l| l.find(" s ").unwrap())
+        .collect();
+    assert!(ends.len() > 2 && ends.iter().all(|&e| e == ends[0]), "{tl}");
+}

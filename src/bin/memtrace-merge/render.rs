@@ -117,20 +117,25 @@ pub fn top_text(t: &Top, n: usize) -> String {
         size(tot.end_bytes)
     );
     let _ = writeln!(o, "(sizes are estimates: samples / rate x word size)\n");
+    let peaks_at: Vec<String> = (t.processes.iter())
+        .map(|p| since(p.peak_time_us.unwrap_or(0), t.start_us))
+        .collect();
+    // (as wide as the latest time: runs of more than 1,000 s, or far apart)
+    let w = peaks_at.iter().map(|s| s.len()).max().unwrap_or(0).max(10);
     let _ = writeln!(
         o,
-        "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}  file",
+        "{:>8} {:<20} {:>10} {:>10} {:>w$} {:>10}  file",
         "pid", "executable", "allocated", "peak", "peak at", "at end"
     );
-    for p in &t.processes {
+    for (p, at) in t.processes.iter().zip(&peaks_at) {
         let _ = writeln!(
             o,
-            "{:>8} {:<20} {:>10} {:>10} {:>10} {:>10}  {}",
+            "{:>8} {:<20} {:>10} {:>10} {:>w$} {:>10}  {}",
             p.pid,
             exe(p),
             size(p.allocated_bytes),
             size(p.peak_bytes),
-            since(p.peak_time_us.unwrap_or(0), t.start_us),
+            at,
             size(p.end_bytes),
             p.file.display()
         );
@@ -357,19 +362,22 @@ pub fn timeline_text(tl: &Timeline, coarsen: bool) -> String {
         decimals,
         step as f64 / 1e6
     );
-    let _ = write!(o, "{:>10} {:>10}", "from", "all");
+    // (a step of `step` starts where the first kept step does: coarse steps join the kept
+    // ones from there)
+    let from = tl.start_us + tl.first_step as u64 * tl.step_us;
+    // (as wide as the last step's start: runs of more than 1,000 s, or far apart)
+    let last = from + rows.len().saturating_sub(1) as u64 * step;
+    let w = since_to(last, tl.start_us, decimals).len().max(10);
+    let _ = write!(o, "{:>w$} {:>10}", "from", "all");
     for p in &tl.processes {
         let _ = write!(o, " {:>10}", format!("pid {}", p.pid));
     }
     let _ = writeln!(o);
-    // (a step of `step` starts where the first kept step does: coarse steps join the kept
-    // ones from there)
-    let from = tl.start_us + tl.first_step as u64 * tl.step_us;
     for (i, (total, ps)) in rows.iter().enumerate() {
         let t0 = from + i as u64 * step;
         let _ = write!(
             o,
-            "{:>10} {:>10}",
+            "{:>w$} {:>10}",
             since_to(t0, tl.start_us, decimals),
             size(*total)
         );
