@@ -55,12 +55,17 @@ fn top_json_is_the_analysis() {
     assert_eq!(j["total"]["end_bytes"], t.total.end_bytes);
     let ps = j["processes"].as_array().unwrap();
     assert_eq!(ps.len(), 5);
-    for (p, q) in ps.iter().zip(&t.processes) {
+    for ((p, q), rows) in ps.iter().zip(&t.processes).zip(&t.process_sites) {
         assert_eq!(p["pid"], q.pid);
         assert_eq!(p["peak_bytes"], q.peak_bytes);
         assert_eq!(p["end_bytes"], q.end_bytes);
         assert_eq!(p["allocated_bytes"], q.allocated_bytes);
-        assert!(p["sites"].as_array().unwrap().len() <= 5);
+        let shown = p["sites"].as_array().unwrap().len();
+        assert!(shown <= 5);
+        assert_eq!(
+            shown as u64 + p["sites_left_out"].as_u64().unwrap(),
+            rows.len() as u64
+        );
     }
     let sites = j["sites"].as_array().unwrap();
     assert_eq!(sites.len(), 5);
@@ -266,6 +271,18 @@ fn diff_adds_up() {
         let key = format!("{mode}_bytes").replace("alloc_", "allocated_");
         let total = j["new"][&key].as_i64().unwrap() - j["base"][&key].as_i64().unwrap();
         let sites = j["sites"].as_array().unwrap();
+        // (every changed site is listed, or counted as left out)
+        assert_eq!(j["sites_left_out"], 0);
+        let few: Value = serde_json::from_str(&stdout(&[
+            "diff", "--json", "-n", "3", "--mode", mode, &c2, &c4,
+        ]))
+        .unwrap();
+        assert_eq!(few["sites"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            3 + few["sites_left_out"].as_u64().unwrap(),
+            sites.len() as u64,
+            "{mode}"
+        );
         let sum: i64 = sites
             .iter()
             .map(|s| s[&key]["change"].as_i64().unwrap())

@@ -276,6 +276,7 @@ pub fn top_json(t: &Top, n: usize) -> String {
         .map(|(p, rows)| {
             let mut v = process_json(p, t.start_us);
             v["sites"] = rows.iter().take(n).map(site_json).collect();
+            v["sites_left_out"] = json!(rows.len().saturating_sub(n));
             v
         })
         .collect();
@@ -541,6 +542,7 @@ pub fn diff_json(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
             "end_bytes": p.end_bytes,
         })
     };
+    let changed = d.sites.iter().filter(|r| r.delta(d.mode) != 0).count();
     let sites: Vec<Value> = (d.sites.iter())
         .filter(|r| r.delta(d.mode) != 0)
         .take(n)
@@ -560,6 +562,7 @@ pub fn diff_json(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
         "base": total(&d.totals.0),
         "new": total(&d.totals.1),
         "sites": sites,
+        "sites_left_out": changed.saturating_sub(n),
     });
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
     s.push('\n');
