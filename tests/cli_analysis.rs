@@ -293,6 +293,41 @@ fn diff_adds_up() {
             .collect();
         assert!(changes.windows(2).all(|w| w[0] >= w[1]), "{mode}: ranked");
     }
+    // (every figure's site changes add up to its total change, whichever ranks them:
+    // a site whose ranked figure is unchanged is listed for the others)
+    for mode in ["alloc", "peak", "end"] {
+        let j: Value = serde_json::from_str(&stdout(&[
+            "diff", "--json", "-n", "100000", "--mode", mode, &c2, &c4,
+        ]))
+        .unwrap();
+        for key in ["allocated_bytes", "peak_bytes", "end_bytes"] {
+            let total = j["new"][key].as_i64().unwrap() - j["base"][key].as_i64().unwrap();
+            let sum: i64 = (j["sites"].as_array().unwrap().iter())
+                .map(|s| s[key]["change"].as_i64().unwrap())
+                .sum();
+            assert_eq!(sum, total, "--mode {mode}: {key}");
+        }
+    }
+    // (a run the filters leave nothing of is a run of nothing: child-2 alone under its
+    // own pid, against child-4 of another)
+    let o = run(&["diff", "--json", "--pid", "14497", &c2, &c4]);
+    assert!(o.status.success());
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(
+        err.contains("warning: new") && err.contains("taken as nothing"),
+        "{err}"
+    );
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["new"]["allocated_bytes"], 0);
+    let alone: Value = serde_json::from_str(&stdout(&["top", "--json", &c2])).unwrap();
+    assert_eq!(
+        j["base"]["allocated_bytes"],
+        alone["total"]["allocated_bytes"]
+    );
+    let o = run(&["diff", "--pid", "1", &c2, &c4]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("nothing to compare"), "{err}");
 }
 
 /// An output that cannot be written is refused before the inputs are read, as a merge's is:
@@ -466,4 +501,36 @@ fn long_times_keep_the_columns() {
         .map(|l| l.find(" s ").unwrap())
         .collect();
     assert!(ends.len() > 2 && ends.iter().all(|&e| e == ends[0]), "{tl}");
+}
+
+/// A backtrace site in a table reads from the allocating frame to its callers (`site <-
+/// caller`); JSON lists its frames caller first.
+#[test]
+fn a_backtrace_reads_from_the_allocation() {
+    let f = fork();
+    let j: Value = serde_json::from_str(&stdout(&[
+        "top",
+        "--json",
+        "--by",
+        "backtrace",
+        "-n",
+        "1",
+        &f,
+    ]))
+    .unwrap();
+    let frames = j["sites"][0]["frames"].as_array().unwrap();
+    assert!(frames.len() > 2);
+    let name = |v: &Value| v["function"].as_str().unwrap().to_string();
+    let words: Vec<String> = frames.iter().rev().map(name).collect();
+    let text = stdout(&["top", "--by", "backtrace", "-n", "1", &f]);
+    let row = (text.lines())
+        .find(|l| l.contains(" <- "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let at: Vec<usize> = (words.iter())
+        .map(|w| {
+            row.find(&format!("{w} ("))
+                .unwrap_or_else(|| panic!("{w}: {row}"))
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{row}");
 }

@@ -641,6 +641,14 @@ impl DiffRow {
         };
         b as i64 - a as i64
     }
+
+    /// Whether anything of the site changed: what it allocated, held at the peak or at
+    /// the end.
+    pub fn changed(&self) -> bool {
+        [Mode::Alloc, Mode::Peak, Mode::End]
+            .iter()
+            .any(|&m| self.delta(m) != 0)
+    }
 }
 
 /// What changed between two runs, site by site.
@@ -657,12 +665,14 @@ pub struct Diff {
     pub sites: Vec<DiffRow>,
 }
 
-/// Site by site, what changed from `base` to `new` (each one trace or many), ranked by the
-/// change at `mode` ([`Mode::At`] counts as [`Mode::Peak`]).
-pub fn diff(base: &Analysis, new: &Analysis, mode: Mode, by: By) -> Diff {
+/// Site by site, what changed from `base` to `new` (each one trace or many; None: a run
+/// that holds nothing the filters keep, all its figures 0), ranked by the change at `mode`
+/// ([`Mode::At`] counts as [`Mode::Peak`]), then by the change of what was allocated.
+pub fn diff(base: Option<&Analysis>, new: Option<&Analysis>, mode: Mode, by: By) -> Diff {
     let mode = if mode == Mode::At { Mode::Peak } else { mode };
     let mut rows: HashMap<Vec<Frame>, DiffRow> = HashMap::new();
     for (side, a) in [base, new].into_iter().enumerate() {
+        let Some(a) = a else { continue };
         for r in a.site_rows(Mode::Alloc, by, None).into_values() {
             let d = rows.entry(r.frames.clone()).or_insert_with(|| DiffRow {
                 frames: r.frames.clone(),
@@ -681,16 +691,17 @@ pub fn diff(base: &Analysis, new: &Analysis, mode: Mode, by: By) -> Diff {
         }
     }
     let mut sites: Vec<DiffRow> = rows.into_values().collect();
+    let change = |r: &DiffRow, m| std::cmp::Reverse(r.delta(m).unsigned_abs());
     sites.sort_by(|a, b| {
-        (b.delta(mode)
-            .unsigned_abs()
-            .cmp(&a.delta(mode).unsigned_abs()))
-        .then_with(|| a.frames.cmp(&b.frames))
+        (change(a, mode).cmp(&change(b, mode)))
+            .then_with(|| change(a, Mode::Alloc).cmp(&change(b, Mode::Alloc)))
+            .then_with(|| a.frames.cmp(&b.frames))
     });
+    let total = |a: Option<&Analysis>| a.map(Analysis::total).unwrap_or_default();
     Diff {
         mode,
         by,
-        totals: (base.total(), new.total()),
+        totals: (total(base), total(new)),
         sites,
     }
 }

@@ -379,14 +379,37 @@ pub enum DiffMode {
 }
 
 pub fn diff(a: DiffArgs) -> Result<(), Error> {
-    let base = analyse_with(std::slice::from_ref(&a.base), &a.filters, None, None)?;
-    let new = analyse_with(std::slice::from_ref(&a.new), &a.filters, None, None)?;
+    // (a run that holds nothing the filters keep is a run of nothing: what appeared or
+    // went away is what a diff is for)
+    let side = |what: &str, p: &PathBuf| -> Result<Option<Analysis>, Error> {
+        match analyse_with(std::slice::from_ref(p), &a.filters, None, None) {
+            Ok(an) => Ok(Some(an)),
+            Err(Error::NothingToAnalyse(why)) => {
+                if !a.filters.no_warnings {
+                    crate::say(format_args!(
+                        "warning: {what} {}: {why}; taken as nothing",
+                        p.display()
+                    ));
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    let (base, new) = (side("base", &a.base)?, side("new", &a.new)?);
+    if base.is_none() && new.is_none() {
+        return Err(Error::NothingToAnalyse(format!(
+            "neither {} nor {} holds an allocation the filters keep: nothing to compare",
+            a.base.display(),
+            a.new.display()
+        )));
+    }
     let mode = match a.mode {
         DiffMode::Alloc => Mode::Alloc,
         DiffMode::Peak => Mode::Peak,
         DiffMode::End => Mode::End,
     };
-    let d = memtrace_merge::analysis::diff(&base, &new, mode, a.by.into());
+    let d = memtrace_merge::analysis::diff(base.as_ref(), new.as_ref(), mode, a.by.into());
     crate::print_out(&if a.json {
         render::diff_json(&d, a.n)
     } else {

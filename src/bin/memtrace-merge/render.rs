@@ -1,7 +1,7 @@
 //! Reports as the command line prints them: text tables for a terminal (sizes in KiB, MiB,
 //! times in seconds since the start) and JSON objects of a documented, stable schema.
 
-use memtrace_merge::analysis::{Analysis, Mode, ProcessSummary, SiteRow, Timeline, Top};
+use memtrace_merge::analysis::{Analysis, Frame, Mode, ProcessSummary, SiteRow, Timeline, Top};
 use serde_json::{json, Value};
 use std::fmt::Write;
 
@@ -101,6 +101,13 @@ fn by_name(b: memtrace_merge::analysis::By) -> &'static str {
     }
 }
 
+/// A site's frames as a table names them: the allocating frame first, then each caller
+/// (`site <- caller <- its caller`); the frames are caller first.
+fn site_words(frames: &[Frame]) -> String {
+    let words: Vec<String> = frames.iter().rev().map(|f| f.to_string()).collect();
+    words.join(" <- ")
+}
+
 /// `top`'s text: the run, each process, the sites table(s).
 pub fn top_text(t: &Top, n: usize) -> String {
     let mut o = String::new();
@@ -187,7 +194,7 @@ fn sites_table(o: &mut String, rows: &[SiteRow], n: usize, whole: u64) {
         } else {
             0.0
         };
-        let site: Vec<String> = r.frames.iter().map(|f| f.to_string()).collect();
+        let site = site_words(&r.frames);
         let _ = writeln!(
             o,
             "{:>10} {:>5.1}% {:>10} {:>9}  {}",
@@ -195,7 +202,7 @@ fn sites_table(o: &mut String, rows: &[SiteRow], n: usize, whole: u64) {
             pct,
             size(r.allocated_bytes),
             r.samples,
-            site.join(" <- ")
+            site
         );
     }
     if rows.len() > n {
@@ -505,14 +512,14 @@ pub fn diff_text(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
         "{:>11} {:>11} {:>11} {:>12}  site",
         "base", "new", "change", "alloc change"
     );
-    let changed: Vec<_> = d.sites.iter().filter(|r| r.delta(d.mode) != 0).collect();
+    let changed: Vec<_> = d.sites.iter().filter(|r| r.changed()).collect();
     for r in changed.iter().take(n) {
         let (x, y) = match d.mode {
             Mode::Alloc => r.allocated_bytes,
             Mode::End => r.end_bytes,
             _ => r.peak_bytes,
         };
-        let site: Vec<String> = r.frames.iter().map(|f| f.to_string()).collect();
+        let site = site_words(&r.frames);
         let _ = writeln!(
             o,
             "{:>11} {:>11} {:>11} {:>12}  {}",
@@ -520,7 +527,7 @@ pub fn diff_text(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
             size(y),
             signed(r.delta(d.mode)),
             signed(r.delta(Mode::Alloc)),
-            site.join(" <- ")
+            site
         );
     }
     if changed.len() > n {
@@ -542,9 +549,9 @@ pub fn diff_json(d: &memtrace_merge::analysis::Diff, n: usize) -> String {
             "end_bytes": p.end_bytes,
         })
     };
-    let changed = d.sites.iter().filter(|r| r.delta(d.mode) != 0).count();
+    let changed = d.sites.iter().filter(|r| r.changed()).count();
     let sites: Vec<Value> = (d.sites.iter())
-        .filter(|r| r.delta(d.mode) != 0)
+        .filter(|r| r.changed())
         .take(n)
         .map(|r| {
             json!({
