@@ -397,6 +397,12 @@ fn a_trace_of_an_input_directory_is_no_output() {
             assert_eq!(std::fs::read(&kept).unwrap(), before, "{args:?}");
         }
     }
+    // (nor a new file named as a trace there, which later reads would stop at)
+    let named = traces.join("report.ctf");
+    let r = run(&["report", "-o", named.to_str().unwrap(), &t]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8(r.stderr).unwrap().contains("a .ctf name"));
+    assert!(!named.exists());
     let new = traces.join("new.svg");
     stdout(&["flamegraph", "-o", new.to_str().unwrap(), &t]);
     assert!(std::fs::read_to_string(&new).unwrap().contains("<svg"));
@@ -533,4 +539,31 @@ fn a_backtrace_reads_from_the_allocation() {
         })
         .collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "{row}");
+}
+
+/// The report's "all" row is the processes shown: with `--pid`, it starts and lasts as its
+/// one process does.
+#[test]
+fn the_report_run_is_the_processes_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("r.html");
+    let f = fork();
+    stdout(&["report", "-o", page.to_str().unwrap(), "--pid", "14497", &f]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let cells = |row: &str| -> Vec<String> {
+        let at = html.find(row).unwrap_or_else(|| panic!("no {row}"));
+        let tr = &html[at..at + html[at..].find("</tr>").unwrap()];
+        (tr.split("<td").skip(1))
+            .map(|c| {
+                let c = &c[c.find('>').unwrap() + 1..];
+                c[..c.find("</td>").unwrap()].to_string()
+            })
+            .collect()
+    };
+    let all = cells("<tr class=\"total\">");
+    let one = cells("<tr class=\"process");
+    // (all: name, count, rate, start, duration; a process: pid, trace, executable, context,
+    // host, rate, start, duration)
+    assert_eq!((&all[3], &all[4]), (&one[6], &one[7]), "{all:?} {one:?}");
+    assert_ne!(all[3], "+0.000 s");
 }

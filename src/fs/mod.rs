@@ -253,6 +253,21 @@ fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
             i.display()
         )));
     }
+    // (a report named as a trace in a directory of inputs: every later read of the
+    // directory would stop at it)
+    if let Target::File(p) = &target {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = dir.unwrap_or(Path::new("."));
+        let trace_named = p.extension().is_some_and(|x| x == "ctf");
+        if let Some(i) = inputs.iter().find(|i| trace_named && same_file(i, dir)) {
+            return Err(Error::Usage(format!(
+                "{}: a .ctf name in the input directory {}, whose later reads would take it \
+                 for a trace; refused",
+                output.display(),
+                i.display()
+            )));
+        }
+    }
     Ok(target)
 }
 
