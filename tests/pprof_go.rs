@@ -356,4 +356,26 @@ fn go_pprof_reads_an_exported_run() {
             p.pid
         );
     }
+    // (the profile's time is the window read: from --from, 1 s after the earliest start,
+    // for the 2 s to --to)
+    let windowed = dir.path().join("window.pb.gz");
+    let st = Command::new(env!("CARGO_BIN_EXE_memtrace-merge"))
+        .args(["export", "--from", "1", "--to", "3", "-o"])
+        .arg(&windowed)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fork"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let raw = pprof(dir.path(), &["-raw"], &windowed).unwrap();
+    let field = |k: &str| {
+        (raw.lines())
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let duration: f64 = field("Duration:").parse().unwrap();
+    assert!((1.9..=2.0).contains(&duration), "{duration}");
+    // (seconds of the minute: the same in every time zone)
+    assert!(field("Time:").contains(":14.136014"), "{raw}");
 }

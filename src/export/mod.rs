@@ -23,12 +23,16 @@ pub fn pprof_profile(a: &Analysis, mode: Mode) -> ProfileBuilder {
         "inuse_space",
     );
     let t = a.total();
-    let end = t.last_time_us.unwrap_or(a.start_us());
-    b.set_time(
-        (a.start_us() as i64).saturating_mul(1000),
-        (end.saturating_sub(a.start_us()) as i64).saturating_mul(1000),
-    );
     let ps = a.processes();
+    // (the profile's time is what was read: from the window's start, or the first process
+    // kept, to the last event read)
+    let first = ps.iter().map(|p| p.start_us).min().unwrap_or(a.start_us());
+    let start = a.window_us().0.map_or(first, |f| f.max(first));
+    let end = t.last_time_us.unwrap_or(start).max(start);
+    b.set_time(
+        (start as i64).saturating_mul(1000),
+        ((end - start) as i64).saturating_mul(1000),
+    );
     let at = a.at_us().map_or(0, |t| t.saturating_sub(a.start_us()));
     b.add_comment(&format!(
         "memtrace-merge: {} process(es); in use = {}",
