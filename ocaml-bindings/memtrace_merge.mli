@@ -139,7 +139,8 @@ val merge :
     a directory can be merged into a file of its own again and again).
     A file named twice (a directory and a file in it, a link) is merged once, with a
     warning; so is a trace that another input holds (a copy of it: the same pid, start time
-    and first packet; an earlier merge of the same traces, or one that records it). A pipe
+    and first packet, of which the longer is kept; an earlier merge of the same traces, or
+    one that records it). A pipe
     or FIFO ([/dev/fd/N]) is read once, before the merge. Paths are byte strings: they need
     not be UTF-8.
     @param output the trace to write; replaced if it exists (a symbolic link's target; a
