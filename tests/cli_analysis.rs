@@ -29,6 +29,17 @@ fn stdout(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// Run `args`, which must be refused with exit `code`: one line on stderr (returned),
+/// nothing on stdout.
+fn refused(args: &[&str], code: i32) -> String {
+    let o = run(args);
+    assert_eq!(o.status.code(), Some(code), "{args:?}");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(o.stdout.is_empty(), "{args:?}");
+    err
+}
+
 fn fork() -> String {
     data("fork").display().to_string()
 }
@@ -177,26 +188,18 @@ fn refusals_and_damage() {
         let mut args = args.clone();
         let f = fork();
         args.push(&f);
-        let o = run(&args);
-        assert_eq!(o.status.code(), Some(1), "{args:?}");
-        let err = String::from_utf8(o.stderr).unwrap();
-        assert_eq!(err.lines().count(), 1, "{err}");
+        let err = refused(&args, 1);
         assert!(err.contains(says), "{args:?}: {err}");
-        assert!(o.stdout.is_empty());
     }
     // (a step so short that the timeline would hold millions of rows: refused at once, as
     // a usage error, before the pass ends)
-    let o = run(&["timeline", "--json", "--step", "0.001", &fork()]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8(o.stderr).unwrap();
+    let err = refused(&["timeline", "--json", "--step", "0.001", &fork()], 2);
     assert!(
         err.contains("--step 0.001 ms") && err.contains("longer step"),
         "{err}"
     );
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(o.stdout.is_empty());
-    // (a profile's in-use values are at a time: `alloc` is no such time)
-    // (and usage errors are one line, as other refusals)
+    // (usage errors are one line, as other refusals; a profile's in-use values are at a
+    // time, and `alloc` is no such time)
     let f = fork();
     for (args, says) in [
         (
@@ -215,25 +218,16 @@ fn refusals_and_damage() {
             "--step 0.0001: shorter",
         ),
     ] {
-        let o = run(&args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
-        let err = String::from_utf8(o.stderr).unwrap();
+        let err = refused(&args, 2);
         assert!(err.contains(says), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(o.stdout.is_empty());
     }
     // (nothing readable: the damage is said in the one line)
-    let o = run(&[
-        "top",
-        data("bytecode-location-overflow.ctf").to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8(o.stderr).unwrap();
+    let overflow = data("bytecode-location-overflow.ctf");
+    let err = refused(&["top", overflow.to_str().unwrap()], 1);
     assert!(
         err.contains("nothing to analyse") && err.contains("byte 280"),
         "{err}"
     );
-    assert_eq!(err.lines().count(), 1, "{err}");
     let t = data("truncated.ctf").display().to_string();
     let o = run(&["top", &t]);
     assert!(o.status.success());
@@ -246,12 +240,8 @@ fn refusals_and_damage() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.ctf");
     std::fs::write(&bad, b"not a trace at all").unwrap();
-    let o = run(&["top", &fork(), bad.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8(o.stderr).unwrap();
+    let err = refused(&["top", &fork(), bad.to_str().unwrap()], 2);
     assert!(err.contains("bad.ctf") && err.contains("byte 0"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(o.stdout.is_empty());
 }
 
 /// `diff`: a run against itself changes nothing; two runs' site changes add up to the
@@ -386,22 +376,18 @@ fn a_trace_of_an_input_directory_is_no_output() {
             vec!["flamegraph", "--folded", "-o", &o, &t],
             vec!["export", "-o", &o, &t],
         ] {
-            let r = run(&args);
-            assert_eq!(r.status.code(), Some(2), "{args:?}");
-            let err = String::from_utf8(r.stderr).unwrap();
+            let err = refused(&args, 2);
             assert!(
                 err.contains("is the input") && err.contains("child-1.ctf"),
                 "{args:?}: {err}"
             );
-            assert_eq!(err.lines().count(), 1, "{err}");
             assert_eq!(std::fs::read(&kept).unwrap(), before, "{args:?}");
         }
     }
     // (nor a new file named as a trace there, which later reads would stop at)
     let named = traces.join("report.ctf");
-    let r = run(&["report", "-o", named.to_str().unwrap(), &t]);
-    assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8(r.stderr).unwrap().contains("a .ctf name"));
+    let err = refused(&["report", "-o", named.to_str().unwrap(), &t], 2);
+    assert!(err.contains("a .ctf name"), "{err}");
     assert!(!named.exists());
     let new = traces.join("new.svg");
     stdout(&["flamegraph", "-o", new.to_str().unwrap(), &t]);
@@ -465,15 +451,11 @@ fn pid_keeps_the_times_and_refuses_a_merge() {
     let merged = dir.path().join("merged.ctf");
     stdout(&["merge", "-q", "-o", merged.to_str().unwrap(), &f]);
     for pid in ["14495", "14496"] {
-        let o = run(&["top", "--pid", pid, merged.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(1), "--pid {pid}");
-        let err = String::from_utf8(o.stderr).unwrap();
+        let err = refused(&["top", "--pid", pid, merged.to_str().unwrap()], 1);
         assert!(
             err.contains(&format!("--pid {pid}")) && err.contains("a merge of 5 processes"),
             "{err}"
         );
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(o.stdout.is_empty());
     }
 }
 
