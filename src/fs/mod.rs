@@ -258,7 +258,7 @@ fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
     if let Target::File(p) = &target {
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
         let dir = dir.unwrap_or(Path::new("."));
-        let trace_named = p.extension().is_some_and(|x| x == "ctf");
+        let trace_named = trace_name(p);
         if let Some(i) = inputs.iter().find(|i| trace_named && same_file(i, dir)) {
             return Err(Error::Usage(format!(
                 "{}: a .ctf name in the input directory {}, whose later reads would take it \
@@ -271,6 +271,12 @@ fn output_target(output: &Path, inputs: &[PathBuf]) -> Result<Target> {
     Ok(target)
 }
 
+/// Whether `p` is named as a trace: what a directory given as an input is read for (its
+/// `.ctf` files).
+pub(crate) fn trace_name(p: &Path) -> bool {
+    p.extension().is_some_and(|x| x == "ctf")
+}
+
 /// The input that `target` is, if any: one of `inputs`, or one of the traces (`.ctf`
 /// files) of a directory among them, which is read as its traces.
 fn input_at(target: &Target, inputs: &[PathBuf]) -> Option<PathBuf> {
@@ -279,8 +285,7 @@ fn input_at(target: &Target, inputs: &[PathBuf]) -> Option<PathBuf> {
             return Some(i.clone());
         }
         if let Ok(entries) = std::fs::read_dir(i) {
-            let traces = (entries.flatten().map(|e| e.path()))
-                .filter(|q| q.extension().is_some_and(|x| x == "ctf"));
+            let traces = (entries.flatten().map(|e| e.path())).filter(|q| trace_name(q));
             for q in traces {
                 if target.is(&q) {
                     return Some(q);

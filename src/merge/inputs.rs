@@ -5,7 +5,7 @@ use super::MergeOptions;
 use crate::error::{Error, Result};
 use crate::format::info::TraceInfo;
 use crate::format::location::Location;
-use crate::fs::{file_id, resolve_output, Target};
+use crate::fs::{file_id, resolve_output, trace_name, Target};
 use crate::reader::{scan_packets_as, Reader};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -59,7 +59,7 @@ pub(super) fn expand_inputs_from(
             let mut v: Vec<PathBuf> = Vec::new();
             let entries = std::fs::read_dir(p).map_err(|e| Error::input(p, "read directory", e))?;
             for q in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-                if q.extension().is_none_or(|x| x != "ctf") {
+                if !trace_name(&q) {
                     continue;
                 }
                 match std::fs::metadata(&q) {
