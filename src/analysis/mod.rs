@@ -400,7 +400,9 @@ impl Analysis {
             peak_bytes: self.pass.peak,
             peak_time_us: self.pass.peak_time,
             last_time_us: self.pass.last_time,
-            start_us: self.start_us,
+            // (the run shown starts with its first process: with --pid, a later one than
+            // the earliest input, the origin of times)
+            start_us: (ps.iter().map(|p| p.start_us).min()).unwrap_or(self.start_us),
             ..ProcessSummary::default()
         }
     }

@@ -26,8 +26,7 @@ pub fn pprof_profile(a: &Analysis, mode: Mode) -> ProfileBuilder {
     let ps = a.processes();
     // (the profile's time is what was read: from the window's start, or the first process
     // kept, to the last event read)
-    let first = ps.iter().map(|p| p.start_us).min().unwrap_or(a.start_us());
-    let start = a.window_us().0.map_or(first, |f| f.max(first));
+    let start = a.window_us().0.map_or(t.start_us, |f| f.max(t.start_us));
     let end = t.last_time_us.unwrap_or(start).max(start);
     b.set_time(
         (start as i64).saturating_mul(1000),

@@ -446,11 +446,7 @@ fn time_window(a: &Analysis) -> Markup {
 fn run_section(a: &Analysis, ps: &[ProcessSummary]) -> Markup {
     let mut order: Vec<&ProcessSummary> = ps.iter().collect();
     order.sort_by_key(|p| (p.start_us, p.pid));
-    let mut t = a.total();
-    // (the run is the processes shown: with --pid, from the first of them to start)
-    if let Some(first) = order.first() {
-        t.start_us = first.start_us;
-    }
+    let t = a.total();
     let duration = |p: &ProcessSummary| {
         let end = p.last_time_us.unwrap_or(p.start_us);
         format!("{:.3} s", end.saturating_sub(p.start_us) as f64 / 1e6)
