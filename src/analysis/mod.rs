@@ -334,19 +334,23 @@ pub fn analyze(inputs: &[PathBuf], opts: &AnalysisOptions) -> Result<Analysis> {
     Ok(a)
 }
 
+/// A warning of the input `file` as one line names it: with the file's name first (most
+/// warnings of the reader already start with it).
+pub fn named_warning(file: &Path, warning: &str) -> String {
+    let name = file.display().to_string();
+    if warning.starts_with(&name) {
+        warning.to_string()
+    } else {
+        format!("{name}: {warning}")
+    }
+}
+
 /// The warnings of a pass that found nothing to analyse, for its one-line error: the damage
 /// or the inputs left out that may be why (`; warnings: ...`), or nothing.
 fn what_was_met(args: &[String], pass: &replay::Pass) -> String {
     let mut all: Vec<String> = args.to_vec();
     for p in &pass.processes {
-        let name = p.file.display().to_string();
-        for w in &p.warnings {
-            all.push(if w.starts_with(&name) {
-                w.clone()
-            } else {
-                format!("{name}: {w}")
-            });
-        }
+        all.extend(p.warnings.iter().map(|w| named_warning(&p.file, w)));
     }
     const SHOWN: usize = 3;
     let more = all.len().saturating_sub(SHOWN);

@@ -162,13 +162,9 @@ fn analyse_with(
             crate::say(format_args!("warning: {w}"));
         }
         for p in a.processes() {
-            let name = p.file.display().to_string();
             for w in &p.warnings {
-                if w.starts_with(&name) {
-                    crate::say(format_args!("warning: {w}"));
-                } else {
-                    crate::say(format_args!("warning: {name}: {w}"));
-                }
+                let w = memtrace_merge::analysis::named_warning(&p.file, w);
+                crate::say(format_args!("warning: {w}"));
             }
         }
     }
