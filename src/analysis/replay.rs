@@ -341,7 +341,11 @@ pub(super) fn open(names: &[PathBuf], sources: &[PathBuf], filter: &Filter) -> R
         let info = r.info().clone();
         // (times are since the earliest start of all the inputs, whichever `--pid` keeps)
         start = Some(start.map_or(info.start_time.0, |s| s.min(info.start_time.0)));
-        let merged = merged_pids(&info);
+        let merged = if filter.pids.is_empty() {
+            Vec::new()
+        } else {
+            merged_pids(&info)
+        };
         if let Some(p) = filter.pids.iter().find(|p| merged.contains(p)) {
             // (a merge is one process to the analysis: its pid would stand for them all)
             return Err(Error::NothingToAnalyse(format!(
@@ -522,8 +526,8 @@ pub(crate) fn run(
         if f > t {
             return Err(Error::Usage(format!(
                 "--from +{:.6} s is after --to +{:.6} s: the window is empty",
-                (f - start.min(f)) as f64 / 1e6,
-                (t - start.min(t)) as f64 / 1e6
+                f.saturating_sub(start) as f64 / 1e6,
+                t.saturating_sub(start) as f64 / 1e6
             )));
         }
     }
